@@ -1,0 +1,199 @@
+//! The DiLoCo inner loop: H AdamW steps from θ(t) on the node's own shard.
+
+use burn::grad_clipping::GradientClippingConfig;
+use burn::module::AutodiffModule;
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use rand::Rng;
+
+use crate::flat::{self, LengthMismatch};
+use crate::{Corpus, Gpt, GptConfig, Shard};
+
+/// Inner optimizer settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InnerConfig {
+    pub lr: f64,
+    /// Linear warm-up over this many inner steps (counted over the node's whole life).
+    pub warmup_steps: u64,
+    pub batch_size: usize,
+    pub weight_decay: f32,
+    /// Gradient clipping by norm, per parameter tensor (burn's clipping). 0 disables it.
+    pub grad_clip: f32,
+}
+
+impl Default for InnerConfig {
+    fn default() -> Self {
+        InnerConfig { lr: 1e-3, warmup_steps: 50, batch_size: 16, weight_decay: 0.1, grad_clip: 1.0 }
+    }
+}
+
+/// What one call to [`InnerTrainer::train`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InnerReport {
+    pub steps: u32,
+    pub tokens: u64,
+    /// Mean training loss over the steps (NaN when no step ran).
+    pub mean_loss: f32,
+    /// True when `should_stop` cut the run short.
+    pub yielded: bool,
+}
+
+/// A model, its AdamW state and its step counter. The optimizer state survives parameter loads.
+pub struct InnerTrainer<B: AutodiffBackend> {
+    model: Option<Gpt<B>>,
+    optim: OptimizerAdaptor<AdamW, Gpt<B>, B>,
+    cfg: InnerConfig,
+    steps_taken: u64,
+    device: B::Device,
+}
+
+impl<B: AutodiffBackend> InnerTrainer<B> {
+    /// A trainer for a fresh model of `model_cfg`, loaded with `params`.
+    ///
+    /// # Errors
+    /// When `params` does not fit the architecture.
+    pub fn new(model_cfg: &GptConfig, cfg: InnerConfig, params: &[f32], device: &B::Device) -> Result<Self, LengthMismatch> {
+        let model = flat::unflatten(model_cfg.init::<B>(device), params, device)?;
+        let mut adamw = AdamWConfig::new().with_weight_decay(cfg.weight_decay);
+        if cfg.grad_clip > 0.0 {
+            adamw = adamw.with_grad_clipping(Some(GradientClippingConfig::Norm(cfg.grad_clip)));
+        }
+        Ok(InnerTrainer { model: Some(model), optim: adamw.init(), cfg, steps_taken: 0, device: device.clone() })
+    }
+
+    fn model(&self) -> &Gpt<B> {
+        // `model` is only `None` inside `train`'s step, which cannot be observed from outside.
+        self.model.as_ref().expect("model present between steps")
+    }
+
+    /// Number of parameters.
+    pub fn num_params(&self) -> usize {
+        self.model().num_params()
+    }
+
+    /// Current parameters, flat.
+    pub fn params(&self) -> Vec<f32> {
+        flat::flatten(self.model())
+    }
+
+    /// Replaces the parameters (keeping the AdamW state).
+    ///
+    /// # Errors
+    /// When `params` has the wrong length; the model is unchanged then.
+    pub fn load_params(&mut self, params: &[f32]) -> Result<(), LengthMismatch> {
+        let expected = self.num_params();
+        if params.len() != expected {
+            return Err(LengthMismatch { got: params.len(), expected });
+        }
+        let m = self.model.take().expect("model present between steps");
+        self.model = Some(flat::unflatten(m, params, &self.device)?);
+        Ok(())
+    }
+
+    /// Inner steps taken so far (drives the warm-up).
+    pub fn steps_taken(&self) -> u64 {
+        self.steps_taken
+    }
+
+    /// The learning rate of the next step.
+    pub fn current_lr(&self) -> f64 {
+        let w = self.cfg.warmup_steps;
+        if w == 0 || self.steps_taken >= w {
+            self.cfg.lr
+        } else {
+            self.cfg.lr * (self.steps_taken + 1) as f64 / w as f64
+        }
+    }
+
+    /// Runs up to `steps` AdamW steps on random batches of `shard`. `should_stop` is checked
+    /// before every step, so a yield takes effect at the next step boundary.
+    pub fn train(&mut self, corpus: &Corpus, shard: &Shard, rng: &mut impl Rng, steps: u32, should_stop: &dyn Fn() -> bool) -> InnerReport {
+        let seq = self.model().seq_len();
+        let batch = self.cfg.batch_size;
+        let mut report = InnerReport::default();
+        let mut loss_sum = 0.0f64;
+        for _ in 0..steps {
+            if should_stop() {
+                report.yielded = true;
+                break;
+            }
+            let (x, y) = corpus.sample_batch(shard, rng, batch, seq);
+            let inputs = Tensor::<B, 2, Int>::from_data(TensorData::new(x, [batch, seq]), &self.device);
+            let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(y, [batch, seq]), &self.device);
+            let model = self.model.take().expect("model present between steps");
+            let loss = model.loss(inputs, targets);
+            let grads = loss.backward();
+            loss_sum += loss.into_scalar().to_f64();
+            let grads = GradientsParams::from_grads(grads, &model);
+            let lr = self.current_lr();
+            self.model = Some(self.optim.step(lr, model, grads));
+            self.steps_taken += 1;
+            report.steps += 1;
+            report.tokens += (batch * seq) as u64;
+        }
+        report.mean_loss = if report.steps == 0 { f32::NAN } else { (loss_sum / report.steps as f64) as f32 };
+        report
+    }
+
+    /// The model without autodiff, for evaluation.
+    pub fn eval_model(&self) -> Gpt<B::InnerBackend> {
+        self.model().valid()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Tokenizer;
+    use crate::backend::{CpuTrain, cpu_device};
+    use crate::data::EMBEDDED_CORPUS;
+    use crate::eval::val_loss;
+    use rand::SeedableRng;
+
+    #[test]
+    fn a_few_inner_steps_lower_the_validation_loss() {
+        let dev = cpu_device();
+        let text = &EMBEDDED_CORPUS[..200_000];
+        let tok = Tokenizer::from_corpus(text);
+        let corpus = Corpus::new(text, &tok, 100, 32).unwrap();
+        let cfg = GptConfig::preset("tiny", tok.len()).unwrap();
+        let init = flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&dev), 3);
+        let inner = InnerConfig { lr: 3e-3, warmup_steps: 5, batch_size: 8, ..Default::default() };
+        let mut t = InnerTrainer::<CpuTrain>::new(&cfg, inner, &init, &dev).unwrap();
+        let val = corpus.val_batches(8, 32, 4);
+        let before = val_loss(&t.eval_model(), &val, &dev);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let r = t.train(&corpus, &corpus.full_shard(), &mut rng, 40, &|| false);
+        assert_eq!(r.steps, 40);
+        assert_eq!(r.tokens, 40 * 8 * 32);
+        let after = val_loss(&t.eval_model(), &val, &dev);
+        assert!(after < before - 0.3, "{before} -> {after}");
+        // Params changed and a reload restores them exactly.
+        let p = t.params();
+        assert_ne!(p, init);
+        t.load_params(&init).unwrap();
+        assert_eq!(t.params(), init);
+        assert!(t.load_params(&init[1..]).is_err());
+    }
+
+    #[test]
+    fn training_stops_at_the_next_step_when_asked() {
+        let dev = cpu_device();
+        let text = &EMBEDDED_CORPUS[..50_000];
+        let tok = Tokenizer::from_corpus(text);
+        let corpus = Corpus::new(text, &tok, 100, 32).unwrap();
+        let cfg = GptConfig::preset("tiny", tok.len()).unwrap();
+        let init = flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&dev), 3);
+        let mut t = InnerTrainer::<CpuTrain>::new(&cfg, InnerConfig::default(), &init, &dev).unwrap();
+        let calls = std::cell::Cell::new(0);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let r = t.train(&corpus, &corpus.full_shard(), &mut rng, 10, &|| {
+            calls.set(calls.get() + 1);
+            calls.get() > 3
+        });
+        assert!(r.yielded);
+        assert_eq!(r.steps, 3);
+    }
+}

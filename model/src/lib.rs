@@ -1,0 +1,23 @@
+//! The nightshift model: everything that touches tensors, and nothing that touches the network.
+//!
+//! # Layout
+//! - [`backend`] — the backend types (CPU `Flex` by default, CUDA behind the `cuda` feature).
+//! - [`gpt`] — a small character-level GPT ([`GptConfig`], [`Gpt`]).
+//! - [`data`] — corpus, character tokenizer, train/validation split, per-node shards, batches.
+//! - [`flat`] — model parameters to and from one `Vec<f32>`, and the backend-independent genesis init.
+//! - [`inner`] — the DiLoCo inner loop ([`InnerTrainer`]: AdamW, warm-up, clipping, yield between steps).
+//! - [`outer`] — averaging pseudo-gradients, the Nesterov outer optimizer, error feedback.
+//! - [`eval`] — validation loss.
+
+pub mod backend;
+pub mod data;
+pub mod eval;
+pub mod flat;
+pub mod gpt;
+pub mod inner;
+pub mod outer;
+
+pub use data::{Corpus, DataError, Shard, Tokenizer};
+pub use gpt::{Gpt, GptConfig};
+pub use inner::{InnerConfig, InnerReport, InnerTrainer};
+pub use outer::{ErrorFeedback, OuterOptimizer, WeightedDelta, weighted_average};

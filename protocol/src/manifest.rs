@@ -1,0 +1,211 @@
+//! The swarm manifest: what a swarm trains and how, signed by its creator.
+//! The swarm id is the hash of the signed manifest's wire encoding.
+
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::{DeltaCodec, Hash32, wire};
+
+/// Domain tag of manifest signatures.
+pub const MANIFEST_DOMAIN: &[u8] = b"nightshift/manifest/v1\0";
+/// Manifest format version.
+pub const MANIFEST_VERSION: u32 = 1;
+
+/// The model architecture (a character-level GPT).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    /// The characters of the vocabulary, in token order (bytes of the corpus).
+    pub vocab: Vec<u8>,
+    pub d_model: u32,
+    pub n_layers: u32,
+    pub n_heads: u32,
+    pub d_ff: u32,
+    pub seq_len: u32,
+}
+
+/// The data every node trains on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DataSpec {
+    /// A human name ("embedded:shakespeare" or a file name).
+    pub name: String,
+    pub bytes: u64,
+    /// SHA-256 of the corpus file; nodes refuse a different corpus.
+    pub sha256: Hash32,
+    /// Thousandths of the corpus held out for validation (taken from the end).
+    pub val_permille: u32,
+}
+
+/// Inner and outer optimisation settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainingSpec {
+    /// H: inner steps per round.
+    pub inner_steps: u32,
+    pub batch_size: u32,
+    pub inner_lr: f32,
+    pub warmup_steps: u32,
+    pub weight_decay: f32,
+    pub grad_clip: f32,
+    pub outer_lr: f32,
+    pub outer_momentum: f32,
+    pub codec: DeltaCodec,
+    /// How long a node waits for the others after its own contribution is out.
+    pub round_deadline_secs: u32,
+    pub init_seed: u64,
+    pub data: DataSpec,
+}
+
+/// A swarm manifest before signing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    pub name: String,
+    pub created_unix: u64,
+    pub model: ModelSpec,
+    pub training: TrainingSpec,
+    /// Hash of the genesis state θ(0) (round 0, zero momentum).
+    pub initial_state_hash: Hash32,
+    /// Creator's ed25519 public key.
+    pub creator: [u8; 32],
+    /// When non-empty, only these keys may contribute (a private swarm).
+    pub allowlist: Vec<[u8; 32]>,
+}
+
+/// A manifest with its creator's signature.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SignedManifest {
+    pub manifest: Manifest,
+    pub signature: Vec<u8>,
+}
+
+/// Why a manifest was refused.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ManifestError {
+    #[error("manifest version {0} is not supported")]
+    Version(u32),
+    #[error("manifest signature is malformed or does not verify")]
+    BadSignature,
+    #[error("creator key is invalid")]
+    BadCreator,
+    #[error("manifest is inconsistent: {0}")]
+    Invalid(String),
+}
+
+impl Manifest {
+    fn signing_bytes(&self) -> Vec<u8> {
+        let mut msg = MANIFEST_DOMAIN.to_vec();
+        msg.extend_from_slice(&wire::encode(self));
+        msg
+    }
+
+    /// Signs the manifest; `creator` is set from `key`.
+    pub fn sign(mut self, key: &SigningKey) -> SignedManifest {
+        self.creator = key.verifying_key().to_bytes();
+        let signature = key.sign(&self.signing_bytes()).to_bytes().to_vec();
+        SignedManifest { manifest: self, signature }
+    }
+
+    /// The allowlist as an option: `None` for an open swarm.
+    pub fn allowlist(&self) -> Option<&[[u8; 32]]> {
+        (!self.allowlist.is_empty()).then_some(self.allowlist.as_slice())
+    }
+}
+
+impl SignedManifest {
+    /// The swarm id: hash of the whole signed manifest.
+    pub fn swarm_id(&self) -> Hash32 {
+        Hash32::of(&[&wire::encode(self)])
+    }
+
+    /// Checks the version, the creator's signature and basic consistency.
+    ///
+    /// # Errors
+    /// See [`ManifestError`].
+    pub fn verify(&self) -> Result<(), ManifestError> {
+        let m = &self.manifest;
+        if m.version != MANIFEST_VERSION {
+            return Err(ManifestError::Version(m.version));
+        }
+        let sig: [u8; 64] =
+            self.signature.as_slice().try_into().map_err(|_| ManifestError::BadSignature)?;
+        let key = VerifyingKey::from_bytes(&m.creator).map_err(|_| ManifestError::BadCreator)?;
+        key.verify(&m.signing_bytes(), &Signature::from_bytes(&sig))
+            .map_err(|_| ManifestError::BadSignature)?;
+        let md = &m.model;
+        let t = &m.training;
+        let bad = |s: &str| Err(ManifestError::Invalid(s.to_string()));
+        if md.vocab.is_empty() || md.vocab.len() > 256 {
+            return bad("vocabulary must hold 1..=256 symbols");
+        }
+        if md.n_heads == 0 || md.d_model == 0 || md.d_model % md.n_heads != 0 {
+            return bad("d_model must be a positive multiple of n_heads");
+        }
+        if md.n_layers == 0 || md.n_layers > 256 || md.d_model > 65536 || md.d_ff == 0 || md.d_ff > 1 << 18 {
+            return bad("model dimensions out of range");
+        }
+        if md.seq_len < 2 || md.seq_len > 1 << 16 {
+            return bad("seq_len out of range");
+        }
+        if t.inner_steps == 0 || t.batch_size == 0 || t.batch_size > 1 << 16 {
+            return bad("inner_steps and batch_size must be positive");
+        }
+        let finite = [t.inner_lr, t.weight_decay, t.grad_clip, t.outer_lr, t.outer_momentum];
+        if finite.iter().any(|v| !v.is_finite() || *v < 0.0) || t.outer_momentum >= 1.0 {
+            return bad("optimiser settings must be finite, non-negative, momentum < 1");
+        }
+        if t.data.val_permille == 0 || t.data.val_permille >= 1000 {
+            return bad("val_permille must be within 1..=999");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub fn sample() -> Manifest {
+        Manifest {
+            version: MANIFEST_VERSION,
+            name: "test".into(),
+            created_unix: 1,
+            model: ModelSpec { vocab: b"abc".to_vec(), d_model: 8, n_layers: 1, n_heads: 2, d_ff: 16, seq_len: 4 },
+            training: TrainingSpec {
+                inner_steps: 5,
+                batch_size: 2,
+                inner_lr: 1e-3,
+                warmup_steps: 1,
+                weight_decay: 0.1,
+                grad_clip: 1.0,
+                outer_lr: 0.7,
+                outer_momentum: 0.9,
+                codec: DeltaCodec::Int8 { block: 64 },
+                round_deadline_secs: 10,
+                init_seed: 7,
+                data: DataSpec { name: "x".into(), bytes: 3, sha256: Hash32::default(), val_permille: 100 },
+            },
+            initial_state_hash: Hash32::default(),
+            creator: [0; 32],
+            allowlist: vec![],
+        }
+    }
+
+    #[test]
+    fn signed_manifest_verifies_and_any_change_breaks_it() {
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let s = sample().sign(&key);
+        s.verify().unwrap();
+        let mut t = s.clone();
+        t.manifest.training.outer_lr = 0.8;
+        assert_eq!(t.verify(), Err(ManifestError::BadSignature));
+        assert_ne!(s.swarm_id(), t.swarm_id());
+    }
+
+    #[test]
+    fn inconsistent_manifests_are_refused_even_when_signed() {
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let mut m = sample();
+        m.model.n_heads = 3;
+        assert!(matches!(m.sign(&key).verify(), Err(ManifestError::Invalid(_))));
+    }
+}
