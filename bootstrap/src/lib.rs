@@ -1,1 +1,16 @@
+//! What a swarm creator needs: identity keys, the signed swarm manifest and the genesis state.
+//!
+//! The bootstrap *node* (the Kademlia server others dial first) shares the daemon's network
+//! layer and lives in `nightshift-node` (`nightshift bootstrap`); this crate holds everything that
+//! is decided before any node runs.
+//!
+//! # Layout
+//! - [`keys`] — ed25519 identity key files (`nightshift keygen`).
+//! - [`genesis`] — building and signing a manifest (`nightshift swarm init`), the genesis state
+//!   θ(0), and loading the corpus a manifest names.
 
+pub mod genesis;
+pub mod keys;
+
+pub use genesis::{GenesisError, SwarmSettings, build_manifest, genesis_state, load_corpus, model_config};
+pub use keys::{KeyError, generate_key, read_key, write_key};

@@ -5,7 +5,9 @@ use burn::prelude::*;
 use crate::Gpt;
 
 /// Mean cross-entropy of `model` over `batches` (as made by [`crate::Corpus::val_batches`]).
-pub fn val_loss<B: Backend>(model: &Gpt<B>, batches: &[(Vec<i32>, Vec<i32>)], device: &B::Device) -> f32 {
+pub fn val_loss<B: Backend>(model: &Gpt<B>, batches: &[(Vec<i32>, Vec<i32>)]) -> f32 {
+    let Some(device) = model.devices().into_iter().next() else { return f32::NAN };
+    let device = &device;
     let seq = model.seq_len();
     let mut total = 0.0f64;
     for (x, y) in batches {

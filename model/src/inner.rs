@@ -163,12 +163,12 @@ mod tests {
         let inner = InnerConfig { lr: 3e-3, warmup_steps: 5, batch_size: 8, ..Default::default() };
         let mut t = InnerTrainer::<CpuTrain>::new(&cfg, inner, &init, &dev).unwrap();
         let val = corpus.val_batches(8, 32, 4);
-        let before = val_loss(&t.eval_model(), &val, &dev);
+        let before = val_loss(&t.eval_model(), &val);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
         let r = t.train(&corpus, &corpus.full_shard(), &mut rng, 40, &|| false);
         assert_eq!(r.steps, 40);
         assert_eq!(r.tokens, 40 * 8 * 32);
-        let after = val_loss(&t.eval_model(), &val, &dev);
+        let after = val_loss(&t.eval_model(), &val);
         assert!(after < before - 0.3, "{before} -> {after}");
         // Params changed and a reload restores them exactly.
         let p = t.params();

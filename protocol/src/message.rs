@@ -21,6 +21,8 @@ pub enum NodeRole {
 pub enum Phase {
     /// Catching up with the swarm; not expected to contribute to `round`.
     Syncing,
+    /// Holds θ(round) and is about to train it (between rounds).
+    Ready,
     /// Running inner steps from θ(round).
     Training,
     /// Its contribution for `round` is out; gathering the others'.

@@ -1,0 +1,185 @@
+//! Swarm genesis: the manifest, θ(0), and the corpus a manifest names.
+
+use ed25519_dalek::SigningKey;
+use nightshift_model::backend::{Cpu, cpu_device};
+use nightshift_model::data::{EMBEDDED_CORPUS, EMBEDDED_NAME};
+use nightshift_model::{GptConfig, Tokenizer, flat};
+use nightshift_protocol::manifest::{DataSpec, MANIFEST_VERSION};
+use nightshift_protocol::{DeltaCodec, Hash32, Manifest, ModelSpec, SignedManifest, StateSnapshot, TrainingSpec};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Why a swarm could not be created or its data loaded.
+#[derive(Debug, Error)]
+pub enum GenesisError {
+    #[error("unknown model preset {0:?} (expected tiny, small, medium or large)")]
+    UnknownPreset(String),
+    #[error("cannot read corpus {path}")]
+    ReadCorpus { path: String, #[source] source: std::io::Error },
+    #[error("corpus {path} does not match the manifest (sha256 {got}, expected {expected})")]
+    CorpusMismatch { path: String, got: String, expected: String },
+    #[error("corpus: {0}")]
+    Corpus(#[from] nightshift_model::DataError),
+    #[error("manifest: {0}")]
+    Manifest(#[from] nightshift_protocol::ManifestError),
+    #[error("the manifest's model does not fit the model code: {0}")]
+    Model(String),
+}
+
+/// Everything `nightshift swarm init` can set. Defaults are the settings measured best (see
+/// BENCHMARKS.md).
+#[derive(Clone, Debug)]
+pub struct SwarmSettings {
+    pub name: String,
+    pub preset: String,
+    /// `None`: the embedded Shakespeare corpus.
+    pub data: Option<PathBuf>,
+    pub inner_steps: u32,
+    pub batch_size: u32,
+    pub inner_lr: f32,
+    pub warmup_steps: u32,
+    pub weight_decay: f32,
+    pub grad_clip: f32,
+    pub outer_lr: f32,
+    pub outer_momentum: f32,
+    pub codec: DeltaCodec,
+    pub round_deadline_secs: u32,
+    pub init_seed: u64,
+    pub val_permille: u32,
+    /// Keys allowed to contribute; empty for an open swarm.
+    pub allowlist: Vec<[u8; 32]>,
+}
+
+impl Default for SwarmSettings {
+    fn default() -> Self {
+        SwarmSettings {
+            name: "nightshift".into(),
+            preset: "small".into(),
+            data: None,
+            inner_steps: 50,
+            batch_size: 16,
+            inner_lr: 1e-3,
+            warmup_steps: 50,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            outer_lr: 0.7,
+            outer_momentum: 0.9,
+            codec: DeltaCodec::Int8 { block: 64 },
+            round_deadline_secs: 60,
+            init_seed: 42,
+            val_permille: 100,
+            allowlist: vec![],
+        }
+    }
+}
+
+/// Reads the corpus `spec` names: the embedded one, or the file at `path` (which must hash to
+/// the manifest's sha256).
+///
+/// # Errors
+/// When the file cannot be read or is a different corpus.
+pub fn load_corpus(spec: &DataSpec, path: Option<&Path>) -> Result<Vec<u8>, GenesisError> {
+    let (bytes, shown) = match path {
+        None if spec.name == EMBEDDED_NAME => (EMBEDDED_CORPUS.to_vec(), EMBEDDED_NAME.to_string()),
+        None => (read(Path::new(&spec.name))?, spec.name.clone()),
+        Some(p) => (read(p)?, p.display().to_string()),
+    };
+    let got = Hash32::of(&[&bytes]);
+    if got != spec.sha256 {
+        return Err(GenesisError::CorpusMismatch { path: shown, got: got.short(), expected: spec.sha256.short() });
+    }
+    Ok(bytes)
+}
+
+fn read(p: &Path) -> Result<Vec<u8>, GenesisError> {
+    std::fs::read(p).map_err(|source| GenesisError::ReadCorpus { path: p.display().to_string(), source })
+}
+
+/// The burn model config a manifest describes.
+pub fn model_config(spec: &ModelSpec) -> GptConfig {
+    GptConfig::new(spec.vocab.len())
+        .with_d_model(spec.d_model as usize)
+        .with_n_layers(spec.n_layers as usize)
+        .with_n_heads(spec.n_heads as usize)
+        .with_d_ff(spec.d_ff as usize)
+        .with_seq_len(spec.seq_len as usize)
+}
+
+/// θ(0) of the swarm `m` describes: round 0, genesis parameters, zero momentum.
+pub fn genesis_state(m: &Manifest) -> StateSnapshot {
+    let cfg = model_config(&m.model);
+    let model = cfg.init::<Cpu>(&cpu_device());
+    let params = flat::genesis_params::<Cpu, _>(&model, m.training.init_seed);
+    let momentum = vec![0.0; params.len()];
+    StateSnapshot { round: 0, params, momentum, formed_by: vec![] }
+}
+
+/// Builds, checks and signs a manifest.
+///
+/// # Errors
+/// On an unknown preset, an unreadable or unusable corpus, or inconsistent settings.
+pub fn build_manifest(s: &SwarmSettings, creator: &SigningKey, created_unix: u64) -> Result<SignedManifest, GenesisError> {
+    let (bytes, name) = match &s.data {
+        None => (EMBEDDED_CORPUS.to_vec(), EMBEDDED_NAME.to_string()),
+        Some(p) => (read(p)?, p.display().to_string()),
+    };
+    let tok = Tokenizer::from_corpus(&bytes);
+    let cfg = GptConfig::preset(&s.preset, tok.len()).ok_or_else(|| GenesisError::UnknownPreset(s.preset.clone()))?;
+    // Refuse a corpus the nodes could not use, now rather than on every node.
+    nightshift_model::Corpus::new(&bytes, &tok, s.val_permille, cfg.seq_len)?;
+    let mut m = Manifest {
+        version: MANIFEST_VERSION,
+        name: s.name.clone(),
+        created_unix,
+        model: ModelSpec {
+            vocab: tok.vocab().to_vec(),
+            d_model: cfg.d_model as u32,
+            n_layers: cfg.n_layers as u32,
+            n_heads: cfg.n_heads as u32,
+            d_ff: cfg.d_ff as u32,
+            seq_len: cfg.seq_len as u32,
+        },
+        training: TrainingSpec {
+            inner_steps: s.inner_steps,
+            batch_size: s.batch_size,
+            inner_lr: s.inner_lr,
+            warmup_steps: s.warmup_steps,
+            weight_decay: s.weight_decay,
+            grad_clip: s.grad_clip,
+            outer_lr: s.outer_lr,
+            outer_momentum: s.outer_momentum,
+            codec: s.codec,
+            round_deadline_secs: s.round_deadline_secs,
+            init_seed: s.init_seed,
+            data: DataSpec { name, bytes: bytes.len() as u64, sha256: Hash32::of(&[&bytes]), val_permille: s.val_permille },
+        },
+        initial_state_hash: Hash32::default(),
+        creator: [0; 32],
+        allowlist: s.allowlist.clone(),
+    };
+    m.initial_state_hash = genesis_state(&m).hash();
+    let signed = m.sign(creator);
+    signed.verify()?;
+    Ok(signed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_pins_its_corpus_and_genesis() {
+        let key = SigningKey::from_bytes(&[5; 32]);
+        let s = SwarmSettings { preset: "tiny".into(), ..Default::default() };
+        let m = build_manifest(&s, &key, 0).unwrap();
+        m.verify().unwrap();
+        assert_eq!(m.manifest.model.vocab.len(), 84);
+        assert_eq!(genesis_state(&m.manifest).hash(), m.manifest.initial_state_hash);
+        assert!(load_corpus(&m.manifest.training.data, None).is_ok());
+        let mut other = m.manifest.training.data.clone();
+        other.sha256 = Hash32::default();
+        assert!(matches!(load_corpus(&other, None), Err(GenesisError::CorpusMismatch { .. })));
+        let bad = SwarmSettings { preset: "huge".into(), ..Default::default() };
+        assert!(matches!(build_manifest(&bad, &key, 0), Err(GenesisError::UnknownPreset(_))));
+    }
+}

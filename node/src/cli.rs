@@ -1,0 +1,343 @@
+//! The command-line interface.
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use ed25519_dalek::SigningKey;
+use libp2p::Multiaddr;
+use libp2p::multiaddr::Protocol;
+use nightshift_bootstrap::{SwarmSettings, build_manifest, generate_key, read_key, write_key};
+use nightshift_protocol::{DeltaCodec, Hash32, Request, Response, SignedManifest};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::bootstrap_node::{BootstrapOptions, run_bootstrap};
+use crate::round::{TrainerOptions, run_trainer};
+use crate::store::Store;
+
+/// nightshift: idle machines train one model together over libp2p with DiLoCo.
+#[derive(Parser, Debug)]
+#[command(name = "nightshift", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Start a local swarm (a bootstrap and N nodes as processes on 127.0.0.1) and train it.
+    Demo(crate::demo::DemoArgs),
+    /// Swarm creation.
+    #[command(subcommand)]
+    Swarm(SwarmCommand),
+    /// Run the node others dial first: a Kademlia server that hands out the manifest.
+    Bootstrap(BootstrapArgs),
+    /// Join a swarm and train.
+    Run(RunArgs),
+    /// Write a new ed25519 identity key.
+    Keygen {
+        /// Where to write the key (JSON).
+        #[arg(long, short)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SwarmCommand {
+    /// Write a signed swarm manifest.
+    Init(InitArgs),
+}
+
+/// Settings of a new swarm.
+#[derive(Args, Debug, Clone)]
+pub struct SwarmFlags {
+    /// Model preset: tiny, small, medium or large.
+    #[arg(long, default_value = "small")]
+    pub preset: String,
+    /// Training corpus (UTF-8 text); defaults to the embedded Shakespeare.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// H: inner steps per round.
+    #[arg(long, default_value_t = 50)]
+    pub inner_steps: u32,
+    /// Pseudo-gradient codec: fp32, fp16, int8[:block], int4[:block], topk[:permille].
+    #[arg(long, default_value = "int8:64")]
+    pub codec: DeltaCodec,
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: u32,
+    #[arg(long, default_value_t = 1e-3)]
+    pub inner_lr: f32,
+    #[arg(long, default_value_t = 50)]
+    pub warmup_steps: u32,
+    #[arg(long, default_value_t = 0.7)]
+    pub outer_lr: f32,
+    #[arg(long, default_value_t = 0.9)]
+    pub outer_momentum: f32,
+    /// Seconds a node waits for the others after its contribution is out.
+    #[arg(long, default_value_t = 60)]
+    pub deadline_secs: u32,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+}
+
+impl SwarmFlags {
+    /// The genesis settings these flags describe.
+    pub fn settings(&self, name: &str, allowlist: Vec<[u8; 32]>) -> SwarmSettings {
+        SwarmSettings {
+            name: name.into(),
+            preset: self.preset.clone(),
+            data: self.data.clone(),
+            inner_steps: self.inner_steps,
+            batch_size: self.batch_size,
+            inner_lr: self.inner_lr,
+            warmup_steps: self.warmup_steps,
+            outer_lr: self.outer_lr,
+            outer_momentum: self.outer_momentum,
+            codec: self.codec,
+            round_deadline_secs: self.deadline_secs,
+            init_seed: self.seed,
+            allowlist,
+            ..SwarmSettings::default()
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct InitArgs {
+    /// Where to write the manifest (JSON).
+    #[arg(long, short, default_value = "manifest.json")]
+    pub out: PathBuf,
+    /// The creator's key; a new one is written beside the manifest when absent.
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    #[arg(long, default_value = "nightshift")]
+    pub name: String,
+    /// Make the swarm private to these keys (key files or 64-hex public keys); repeatable.
+    #[arg(long = "allow")]
+    pub allow: Vec<String>,
+    #[command(flatten)]
+    pub swarm: SwarmFlags,
+}
+
+#[derive(Args, Debug)]
+pub struct BootstrapArgs {
+    #[arg(long)]
+    pub manifest: PathBuf,
+    /// Identity key; a fresh one when absent.
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    #[arg(long, default_value = "/ip4/0.0.0.0/tcp/4001")]
+    pub listen: Multiaddr,
+    /// Write the full listen address here once known.
+    #[arg(long)]
+    pub addr_file: Option<PathBuf>,
+    /// Other bootstrap nodes to peer with.
+    #[arg(long)]
+    pub peer: Vec<Multiaddr>,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Bootstrap address(es), e.g. /ip4/1.2.3.4/tcp/4001/p2p/12D3Koo...
+    #[arg(long, required = true)]
+    pub bootstrap: Vec<Multiaddr>,
+    /// The swarm manifest; or give --swarm to fetch it from the bootstrap node.
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Swarm id (64 hex) to fetch and check the manifest against.
+    #[arg(long)]
+    pub swarm: Option<String>,
+    /// Identity key file; else the one stored in --data-dir (created on first run).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    #[arg(long, default_value = "nightshift-data")]
+    pub data_dir: PathBuf,
+    #[arg(long, default_value = "/ip4/0.0.0.0/tcp/0")]
+    pub listen: Multiaddr,
+    /// The corpus file, when the manifest names a file that lives elsewhere here.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Stop after this many rounds in total (θ(N) reached).
+    #[arg(long)]
+    pub rounds: Option<u64>,
+    /// Append JSON-lines events to this file.
+    #[arg(long)]
+    pub events: Option<PathBuf>,
+    /// This node's shard of the training data, as INDEX/COUNT.
+    #[arg(long, value_parser = parse_shard)]
+    pub shard: Option<(usize, usize)>,
+    /// Trainer peers to wait for before the first round.
+    #[arg(long, default_value_t = 1)]
+    pub min_peers: usize,
+}
+
+fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let (i, n) = s.split_once('/').ok_or("expected INDEX/COUNT, e.g. 0/3")?;
+    let i: usize = i.parse().map_err(|_| format!("bad index {i:?}"))?;
+    let n: usize = n.parse().map_err(|_| format!("bad count {n:?}"))?;
+    if n == 0 || i >= n {
+        return Err(format!("shard {i}/{n}: need 0 <= INDEX < COUNT"));
+    }
+    Ok((i, n))
+}
+
+/// A watch that turns true on Ctrl-C (SIGINT) or SIGTERM.
+pub fn shutdown_signal() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        info!("shutting down (signal)");
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+/// Reads a manifest file.
+///
+/// # Errors
+/// When it cannot be read, parsed or verified.
+pub fn read_manifest(path: &Path) -> anyhow::Result<SignedManifest> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read manifest {}", path.display()))?;
+    let m: SignedManifest = serde_json::from_str(&text).with_context(|| format!("{} is not a nightshift manifest", path.display()))?;
+    m.verify().with_context(|| format!("manifest {} does not verify", path.display()))?;
+    Ok(m)
+}
+
+fn parse_public_key(s: &str) -> anyhow::Result<[u8; 32]> {
+    if Path::new(s).exists() {
+        return Ok(read_key(Path::new(s))?.verifying_key().to_bytes());
+    }
+    let mut k = [0u8; 32];
+    hex::decode_to_slice(s.trim(), &mut k).with_context(|| format!("{s:?} is neither a key file nor a 64-hex public key"))?;
+    Ok(k)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Runs a parsed command.
+///
+/// # Errors
+/// Whatever the command fails with, with context for the user.
+pub async fn execute(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Demo(args) => crate::demo::run_demo(args, shutdown_signal()).await,
+        Command::Keygen { out } => {
+            if out.exists() {
+                bail!("{} already exists; refusing to overwrite a key", out.display());
+            }
+            let key = generate_key()?;
+            write_key(&out, &key)?;
+            println!("public key: {}", hex::encode(key.verifying_key().to_bytes()));
+            println!("peer id:    {}", crate::net::libp2p_keypair(&key).public().to_peer_id());
+            Ok(())
+        }
+        Command::Swarm(SwarmCommand::Init(a)) => {
+            let key = match &a.key {
+                Some(p) => read_key(p)?,
+                None => {
+                    let p = a.out.with_extension("creator.key.json");
+                    let k = generate_key()?;
+                    write_key(&p, &k)?;
+                    eprintln!("wrote the creator key to {}", p.display());
+                    k
+                }
+            };
+            let allow = a.allow.iter().map(|s| parse_public_key(s)).collect::<anyhow::Result<Vec<_>>>()?;
+            let m = build_manifest(&a.swarm.settings(&a.name, allow), &key, unix_now())?;
+            std::fs::write(&a.out, serde_json::to_string_pretty(&m)?).with_context(|| format!("cannot write {}", a.out.display()))?;
+            println!("swarm id: {}", m.swarm_id());
+            println!("manifest: {}", a.out.display());
+            Ok(())
+        }
+        Command::Bootstrap(a) => {
+            let manifest = read_manifest(&a.manifest)?;
+            let key = match &a.key { Some(p) => read_key(p)?, None => generate_key()? };
+            run_bootstrap(BootstrapOptions { manifest, key, listen: a.listen, peers: a.peer, addr_file: a.addr_file, shutdown: shutdown_signal() }).await
+        }
+        Command::Run(a) => run(a).await,
+    }
+}
+
+async fn run(a: RunArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&a.data_dir).with_context(|| format!("cannot create {}", a.data_dir.display()))?;
+    let key = match &a.key {
+        Some(p) => read_key(p)?,
+        None => identity_from_store(&a.data_dir)?,
+    };
+    let manifest = match (&a.manifest, &a.swarm) {
+        (Some(p), _) => read_manifest(p)?,
+        (None, Some(id)) => {
+            let id = Hash32::from_hex(id).context("--swarm must be 64 hex characters")?;
+            fetch_manifest(&a.bootstrap, id).await?
+        }
+        (None, None) => match Store::open(&a.data_dir.join("db")).ok().and_then(|s| s.manifest().ok().flatten()) {
+            Some(m) => m,
+            None => bail!("give --manifest FILE, or --swarm ID to fetch it from the bootstrap node"),
+        },
+    };
+    run_trainer(TrainerOptions {
+        data_dir: a.data_dir,
+        listen: a.listen,
+        bootstrap: a.bootstrap,
+        manifest,
+        key,
+        data_path: a.data,
+        rounds: a.rounds,
+        events: a.events,
+        shard: a.shard,
+        min_peers: a.min_peers,
+        shutdown: shutdown_signal(),
+    })
+    .await
+}
+
+fn identity_from_store(dir: &Path) -> anyhow::Result<SigningKey> {
+    let store = Store::open(&dir.join("db"))?;
+    if let Some(secret) = store.identity()? {
+        return Ok(SigningKey::from_bytes(&secret));
+    }
+    let key = generate_key()?;
+    store.set_identity(&key.to_bytes())?;
+    Ok(key)
+}
+
+async fn fetch_manifest(bootstrap: &[Multiaddr], id: Hash32) -> anyhow::Result<SignedManifest> {
+    let served = std::sync::Arc::new(std::sync::RwLock::new(crate::net::Served::new(None)));
+    let (net, _events) = crate::net::spawn_network(
+        crate::net::libp2p_keypair(&generate_key()?),
+        crate::net::protocol_names(&id),
+        nightshift_protocol::MAX_MESSAGE_BYTES,
+        "/ip4/127.0.0.1/tcp/0".parse()?,
+        bootstrap.to_vec(),
+        served,
+    )?;
+    for addr in bootstrap {
+        let Some(Protocol::P2p(peer)) = addr.iter().last() else { continue };
+        for _ in 0..50 {
+            if net.connected().await.contains(&peer) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if let Ok(Response::Manifest(Some(m))) = net.request(peer, Request::GetManifest).await {
+            if m.swarm_id() != id {
+                bail!("the bootstrap node serves swarm {}, not {}", m.swarm_id().short(), id.short());
+            }
+            m.verify()?;
+            return Ok(m);
+        }
+    }
+    bail!("no bootstrap node answered with the manifest (addresses need a /p2p/<peer id> suffix)")
+}

@@ -1,0 +1,88 @@
+//! Machine-readable node events, one JSON object per line (`--events FILE`). The demo and the
+//! integration tests read these; humans read the tracing log.
+
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Mutex;
+
+/// One thing a node did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum NodeEvent {
+    /// The node is up and holds θ(round).
+    Started { peer_id: String, round: u64, state_hash: String, num_params: usize, val_loss: f32, resumed: bool },
+    /// Round `round - 1` completed: the node now holds θ(round).
+    RoundCompleted(RoundRecord),
+    /// The node replaced its state with the swarm's (catching up, or repairing a divergence).
+    Synced { round: u64, state_hash: String, from: String, reason: String },
+    /// A contribution was refused.
+    Refused { round: u64, from: String, reason: String },
+    /// The node stopped; its last checkpoint is θ(round).
+    Stopped { round: u64, state_hash: String, reason: String },
+}
+
+/// What one completed round looked like from one node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundRecord {
+    /// The new round number: the node holds θ(round).
+    pub round: u64,
+    pub state_hash: String,
+    pub val_loss: f32,
+    pub train_loss: f32,
+    pub contributors: usize,
+    /// Tokens this node trained in the round.
+    pub tokens: u64,
+    pub tokens_per_sec: f64,
+    pub inner_steps: u32,
+    /// Request-response bytes this node wrote during the round.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// This node's delta as raw f32.
+    pub dense_delta_bytes: u64,
+    /// This node's delta as encoded on the wire (zstd body).
+    pub wire_delta_bytes: u64,
+    pub codec: String,
+    pub train_secs: f64,
+    pub encode_secs: f64,
+    pub transfer_secs: f64,
+    pub wait_secs: f64,
+    pub round_secs: f64,
+}
+
+/// Appends events to a file (or nowhere).
+pub struct EventSink {
+    file: Option<Mutex<std::fs::File>>,
+}
+
+impl EventSink {
+    /// A sink writing to `path`, or a silent one.
+    ///
+    /// # Errors
+    /// When the file cannot be opened for appending.
+    pub fn open(path: Option<&Path>) -> std::io::Result<Self> {
+        let file = match path {
+            Some(p) => Some(Mutex::new(std::fs::OpenOptions::new().create(true).append(true).open(p)?)),
+            None => None,
+        };
+        Ok(EventSink { file })
+    }
+
+    /// Writes one event line and flushes it. Failures are logged, never fatal.
+    pub fn emit(&self, ev: &NodeEvent) {
+        let Some(f) = &self.file else { return };
+        let Ok(line) = serde_json::to_string(ev) else { return };
+        if let Ok(mut f) = f.lock()
+            && let Err(e) = writeln!(f, "{line}").and_then(|_| f.flush())
+        {
+            tracing::warn!(error = %e, "cannot write event");
+        }
+    }
+}
+
+/// Reads every event of a JSON-lines file, skipping a torn last line.
+pub fn read_events(path: &Path) -> Vec<NodeEvent> {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+        .unwrap_or_default()
+}

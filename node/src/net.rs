@@ -1,0 +1,36 @@
+//! The libp2p side of a node: one task owns the [`Swarm`]; everything else talks to it through a
+//! cloneable [`NetHandle`] over a bounded channel, each command carrying a oneshot reply.
+//!
+//! Transport: TCP + noise + yamux. Behaviours: identify, ping, Kademlia (server mode, protocol
+//! `/nightshift/<swarm>/kad/1.0.0`), and request-response with our own length-prefixed codec
+//! (`/nightshift/<swarm>/rr/1`). Inbound status, manifest, state and contribution look-ups are
+//! answered on the loop from [`Served`]; pushes and announcements go to the round task as
+//! [`NetEvent`]s. Nothing heavy runs on the loop.
+
+pub mod codec;
+mod event_loop;
+
+pub use codec::{TrafficCounters, WireCodec};
+pub use event_loop::{NetEvent, NetHandle, Served, spawn_network};
+
+use libp2p::{PeerId, identity};
+use nightshift_protocol::Hash32;
+
+/// The libp2p keypair of an ed25519 signing key (the same key signs contributions).
+pub fn libp2p_keypair(key: &ed25519_dalek::SigningKey) -> identity::Keypair {
+    let mut secret = key.to_bytes();
+    // Infallible for 32 bytes.
+    identity::Keypair::ed25519_from_bytes(&mut secret).expect("32-byte ed25519 secret")
+}
+
+/// The peer id of an ed25519 public key, or `None` when the bytes are not a valid key.
+pub fn peer_id_of(public: &[u8; 32]) -> Option<PeerId> {
+    let pk = identity::ed25519::PublicKey::try_from_bytes(public).ok()?;
+    Some(identity::PublicKey::from(pk).to_peer_id())
+}
+
+/// Protocol names of a swarm: (kad, request-response).
+pub fn protocol_names(swarm_id: &Hash32) -> (String, String) {
+    let s = hex::encode(&swarm_id.0[..8]);
+    (format!("/nightshift/{s}/kad/1.0.0"), format!("/nightshift/{s}/rr/1"))
+}

@@ -1,0 +1,353 @@
+//! The task that owns the swarm, and the handle that talks to it.
+
+use anyhow::Context;
+use futures::StreamExt;
+use libp2p::kad::{self, store::MemoryStore};
+use libp2p::multiaddr::Protocol;
+use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent, dial_opts::DialOpts};
+use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, identify, noise, ping, tcp, yamux};
+use nightshift_protocol::{Request, Response, SignedEnvelope, SignedManifest, StateSnapshot, Status};
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info, warn};
+
+use super::codec::{TrafficCounters, WireCodec};
+
+/// How long one request may take before it fails.
+pub const REQUEST_TIMEOUT_SECS: u64 = 120;
+/// How often the node looks for more swarm peers through Kademlia.
+const DISCOVERY_INTERVAL_MS: u64 = 2000;
+
+/// What a node serves to peers without asking the round task.
+#[derive(Debug)]
+pub struct Served {
+    pub status: Option<Status>,
+    /// Verified contributions by (round, sender).
+    pub contributions: HashMap<(u64, [u8; 32]), Arc<SignedEnvelope>>,
+    /// The node's current state.
+    pub state: Option<Arc<StateSnapshot>>,
+    /// The genesis state θ(0).
+    pub genesis: Option<Arc<StateSnapshot>>,
+    pub manifest: Option<Arc<SignedManifest>>,
+}
+
+impl Served {
+    /// Nothing served yet but the manifest.
+    pub fn new(manifest: Option<SignedManifest>) -> Self {
+        Served { status: None, contributions: HashMap::new(), state: None, genesis: None, manifest: manifest.map(Arc::new) }
+    }
+}
+
+/// Something the network saw that the round task should know.
+#[derive(Debug)]
+pub enum NetEvent {
+    /// A peer pushed a contribution (not yet verified).
+    ContributionPushed { peer: PeerId, envelope: SignedEnvelope },
+    /// A peer announced its status.
+    StatusAnnounced { peer: PeerId, status: Status },
+    PeerConnected(PeerId),
+    PeerDisconnected(PeerId),
+}
+
+#[derive(NetworkBehaviour)]
+struct Behaviour {
+    identify: identify::Behaviour,
+    ping: ping::Behaviour,
+    kad: kad::Behaviour<MemoryStore>,
+    rr: request_response::Behaviour<WireCodec>,
+}
+
+type Reply<T> = oneshot::Sender<T>;
+
+enum Command {
+    Dial(Multiaddr, Reply<anyhow::Result<()>>),
+    Request { peer: PeerId, request: Request, reply: Reply<anyhow::Result<Response>> },
+    Connected(Reply<Vec<PeerId>>),
+    ListenAddrs(Reply<Vec<Multiaddr>>),
+}
+
+/// A cloneable handle to the network task. When the task is gone every call fails cleanly.
+#[derive(Clone)]
+pub struct NetHandle {
+    tx: mpsc::Sender<Command>,
+    pub local_peer: PeerId,
+    pub served: Arc<RwLock<Served>>,
+    pub traffic: Arc<TrafficCounters>,
+}
+
+impl NetHandle {
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> anyhow::Result<T> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).await.map_err(|_| anyhow::anyhow!("network task has stopped"))?;
+        rx.await.map_err(|_| anyhow::anyhow!("network task has stopped"))
+    }
+
+    /// Dials `addr`.
+    ///
+    /// # Errors
+    /// When the dial cannot be started.
+    pub async fn dial(&self, addr: Multiaddr) -> anyhow::Result<()> {
+        self.call(|r| Command::Dial(addr, r)).await?
+    }
+
+    /// Sends `request` to `peer` and waits for the answer (bounded by [`REQUEST_TIMEOUT_SECS`]).
+    ///
+    /// # Errors
+    /// On any transport failure or time-out.
+    pub async fn request(&self, peer: PeerId, request: Request) -> anyhow::Result<Response> {
+        self.call(|reply| Command::Request { peer, request, reply }).await?
+    }
+
+    /// Peers with an open connection.
+    pub async fn connected(&self) -> Vec<PeerId> {
+        self.call(Command::Connected).await.unwrap_or_default()
+    }
+
+    /// Addresses this node listens on, each ending in `/p2p/<id>`.
+    pub async fn listen_addrs(&self) -> Vec<Multiaddr> {
+        self.call(Command::ListenAddrs).await.unwrap_or_default()
+    }
+}
+
+/// Builds the swarm, starts listening on `listen`, dials `bootstrap`, and spawns the event loop.
+///
+/// # Errors
+/// When the transport cannot be built or the listen address is refused.
+pub fn spawn_network(
+    keypair: libp2p::identity::Keypair,
+    protocols: (String, String),
+    max_frame: usize,
+    listen: Multiaddr,
+    bootstrap: Vec<Multiaddr>,
+    served: Arc<RwLock<Served>>,
+) -> anyhow::Result<(NetHandle, mpsc::Receiver<NetEvent>)> {
+    let traffic = Arc::new(TrafficCounters::default());
+    let kad_proto = StreamProtocol::try_from_owned(protocols.0).context("kad protocol name")?;
+    let rr_proto = StreamProtocol::try_from_owned(protocols.1).context("rr protocol name")?;
+    let codec = WireCodec { max_frame, traffic: traffic.clone() };
+    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
+        .with_tokio()
+        .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)?
+        .with_behaviour(|key| {
+            let peer = key.public().to_peer_id();
+            let mut kcfg = kad::Config::new(kad_proto.clone());
+            kcfg.set_query_timeout(Duration::from_secs(30));
+            let mut kad = kad::Behaviour::with_config(peer, MemoryStore::new(peer), kcfg);
+            kad.set_mode(Some(kad::Mode::Server));
+            Behaviour {
+                identify: identify::Behaviour::new(
+                    identify::Config::new("/nightshift/1.0.0".into(), key.public())
+                        .with_agent_version(format!("nightshift/{}", env!("CARGO_PKG_VERSION"))),
+                ),
+                ping: ping::Behaviour::new(ping::Config::new()),
+                kad,
+                rr: request_response::Behaviour::with_codec(
+                    codec,
+                    [(rr_proto, ProtocolSupport::Full)],
+                    request_response::Config::default()
+                        .with_request_timeout(Duration::from_secs(REQUEST_TIMEOUT_SECS))
+                        .with_max_concurrent_streams(256),
+                ),
+            }
+        })?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(3600)))
+        .build();
+    swarm.listen_on(listen.clone()).with_context(|| format!("cannot listen on {listen}"))?;
+    for addr in bootstrap {
+        if let Some(Protocol::P2p(peer)) = addr.iter().last() {
+            swarm.behaviour_mut().kad.add_address(&peer, addr.clone());
+        }
+        if let Err(e) = swarm.dial(addr.clone()) {
+            warn!(%addr, error = %e, "cannot dial bootstrap address");
+        }
+    }
+    let (cmd_tx, cmd_rx) = mpsc::channel(256);
+    let (ev_tx, ev_rx) = mpsc::channel(1024);
+    let handle = NetHandle { tx: cmd_tx, local_peer: *swarm.local_peer_id(), served: served.clone(), traffic };
+    let ev = EventLoop { swarm, cmds: cmd_rx, events: ev_tx, served, pending: HashMap::new(), kad_proto, listen_addrs: vec![] };
+    tokio::spawn(ev.run());
+    Ok((handle, ev_rx))
+}
+
+struct EventLoop {
+    swarm: Swarm<Behaviour>,
+    cmds: mpsc::Receiver<Command>,
+    events: mpsc::Sender<NetEvent>,
+    served: Arc<RwLock<Served>>,
+    pending: HashMap<OutboundRequestId, Reply<anyhow::Result<Response>>>,
+    kad_proto: StreamProtocol,
+    listen_addrs: Vec<Multiaddr>,
+}
+
+impl EventLoop {
+    async fn run(mut self) {
+        let mut discovery = tokio::time::interval(Duration::from_millis(DISCOVERY_INTERVAL_MS));
+        loop {
+            tokio::select! {
+                ev = self.swarm.select_next_some() => self.on_swarm_event(ev),
+                cmd = self.cmds.recv() => match cmd {
+                    Some(c) => self.on_command(c),
+                    None => break, // every handle dropped: shut down
+                },
+                _ = discovery.tick() => self.discover(),
+            }
+        }
+        debug!("network task stopped");
+    }
+
+    fn discover(&mut self) {
+        if self.swarm.connected_peers().next().is_some() {
+            let me = *self.swarm.local_peer_id();
+            self.swarm.behaviour_mut().kad.get_closest_peers(me);
+        }
+    }
+
+    fn dial_peer(&mut self, peer: PeerId, addrs: Vec<Multiaddr>) {
+        if peer == *self.swarm.local_peer_id() || self.swarm.is_connected(&peer) || addrs.is_empty() {
+            return;
+        }
+        let opts = DialOpts::peer_id(peer).addresses(addrs).build();
+        if let Err(e) = self.swarm.dial(opts) {
+            debug!(%peer, error = %e, "dial failed");
+        }
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Dial(addr, reply) => {
+                let r = self.swarm.dial(addr).map_err(|e| anyhow::anyhow!("dial: {e}"));
+                let _ = reply.send(r);
+            }
+            Command::Request { peer, request, reply } => {
+                let id = self.swarm.behaviour_mut().rr.send_request(&peer, request);
+                self.pending.insert(id, reply);
+            }
+            Command::Connected(reply) => {
+                let _ = reply.send(self.swarm.connected_peers().copied().collect());
+            }
+            Command::ListenAddrs(reply) => {
+                let _ = reply.send(self.listen_addrs.clone());
+            }
+        }
+    }
+
+    fn forward(&self, ev: NetEvent) {
+        if let Err(e) = self.events.try_send(ev) {
+            warn!(error = %e, "round task is not keeping up; dropped a network event");
+        }
+    }
+
+    fn on_swarm_event(&mut self, ev: SwarmEvent<BehaviourEvent>) {
+        match ev {
+            SwarmEvent::NewListenAddr { address, .. } => {
+                let full = address.with(Protocol::P2p(*self.swarm.local_peer_id()));
+                info!(address = %full, "listening");
+                self.listen_addrs.push(full);
+            }
+            SwarmEvent::ConnectionEstablished { peer_id, num_established, .. } => {
+                if num_established.get() == 1 {
+                    debug!(peer = %peer_id, "connected");
+                    self.forward(NetEvent::PeerConnected(peer_id));
+                }
+            }
+            SwarmEvent::ConnectionClosed { peer_id, num_established, .. } => {
+                if num_established == 0 {
+                    debug!(peer = %peer_id, "disconnected");
+                    self.forward(NetEvent::PeerDisconnected(peer_id));
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
+                // Only peers that speak this swarm's Kademlia protocol go into the routing table.
+                if info.protocols.contains(&self.kad_proto) {
+                    for addr in info.listen_addrs {
+                        self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                    }
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Kad(ev)) => self.on_kad(ev),
+            SwarmEvent::Behaviour(BehaviourEvent::Rr(ev)) => self.on_rr(ev),
+            _ => {}
+        }
+    }
+
+    fn on_kad(&mut self, ev: kad::Event) {
+        match ev {
+            kad::Event::RoutingUpdated { peer, addresses, .. } => {
+                self.dial_peer(peer, addresses.into_vec());
+            }
+            kad::Event::OutboundQueryProgressed { result: kad::QueryResult::GetClosestPeers(Ok(ok)), .. } => {
+                for p in ok.peers {
+                    self.dial_peer(p.peer_id, p.addrs);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_rr(&mut self, ev: request_response::Event<Request, Response>) {
+        use request_response::{Event, Message};
+        match ev {
+            Event::Message { peer, message: Message::Request { request, channel, .. }, .. } => {
+                self.on_request(peer, request, channel);
+            }
+            Event::Message { message: Message::Response { request_id, response }, .. } => {
+                if let Some(reply) = self.pending.remove(&request_id) {
+                    let _ = reply.send(Ok(response));
+                }
+            }
+            Event::OutboundFailure { request_id, error, peer, .. } => {
+                if let Some(reply) = self.pending.remove(&request_id) {
+                    let _ = reply.send(Err(anyhow::anyhow!("request to {peer} failed: {error}")));
+                }
+            }
+            Event::InboundFailure { peer, error, .. } => {
+                debug!(%peer, %error, "inbound request failed");
+            }
+            Event::ResponseSent { .. } => {}
+        }
+    }
+
+    fn on_request(&mut self, peer: PeerId, request: Request, channel: ResponseChannel<Response>) {
+        let response = match request {
+            Request::Push(envelope) => {
+                self.forward(NetEvent::ContributionPushed { peer, envelope });
+                Response::Ack
+            }
+            Request::Announce(status) => {
+                self.forward(NetEvent::StatusAnnounced { peer, status });
+                Response::Ack
+            }
+            other => self.answer(other),
+        };
+        if self.swarm.behaviour_mut().rr.send_response(channel, response).is_err() {
+            debug!(%peer, "peer went away before the response was sent");
+        }
+    }
+
+    fn answer(&self, request: Request) -> Response {
+        let Ok(served) = self.served.read() else {
+            return Response::Refused("node is shutting down".into());
+        };
+        match request {
+            Request::GetStatus => match &served.status {
+                Some(s) => Response::Status(s.clone()),
+                None => Response::Refused("not ready".into()),
+            },
+            Request::GetContribution { round, sender } => {
+                Response::Contribution(served.contributions.get(&(round, sender)).map(|e| (**e).clone()))
+            }
+            Request::GetState { round: Some(0) } => {
+                Response::State(served.genesis.as_ref().map(|s| (**s).clone()))
+            }
+            Request::GetState { round } => Response::State(
+                served.state.as_ref().filter(|s| round.is_none_or(|r| r == s.round)).map(|s| (**s).clone()),
+            ),
+            Request::GetManifest => Response::Manifest(served.manifest.as_ref().map(|m| (**m).clone())),
+            Request::Push(_) | Request::Announce(_) => Response::Ack,
+        }
+    }
+}
+

@@ -1,0 +1,754 @@
+//! The trainer: a node that runs DiLoCo rounds with its peers.
+//!
+//! Each round r: align with the swarm (catch up or repair a diverged state), train H inner steps
+//! from θ(r), encode and sign Δ, push it to every peer, collect the others' until every live
+//! peer's has arrived or the deadline passes, reconcile the set with the peers' views, average by
+//! tokens, take the outer step, checkpoint θ(r+1) to sled, and announce the new state hash.
+
+pub mod accept;
+
+use anyhow::{Context, bail};
+use burn::tensor::backend::AutodiffBackend;
+use ed25519_dalek::SigningKey;
+use libp2p::{Multiaddr, PeerId};
+use nightshift_model::{Corpus, ErrorFeedback, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer, eval};
+use nightshift_protocol::message::Phase;
+use nightshift_protocol::signed::EnvelopeHeader;
+use nightshift_protocol::{
+    Contribution, Hash32, NodeRole, PayloadKind, Request, Response, SignedEnvelope, SignedManifest, StateSnapshot, Status,
+    delta, wire,
+};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+use crate::events::{EventSink, NodeEvent, RoundRecord};
+use crate::net::{self, NetEvent, NetHandle, Served};
+use crate::store::Store;
+use accept::{Accepted, RoundContext, accept, aggregate, choose_canonical};
+
+/// How long a node waits for peers still finishing the previous round before it starts the next.
+const ALIGN_WAIT_SECS: u64 = 10;
+/// Time-out for the small status/contribution look-ups between rounds.
+const LOOKUP_TIMEOUT_SECS: u64 = 5;
+/// How often collection re-checks the peers' holdings for contributions it lacks.
+const COLLECT_TICK_MS: u64 = 300;
+/// How long a finished node keeps serving before it leaves.
+const LINGER_SECS: u64 = 2;
+
+/// How to run a trainer.
+pub struct TrainerOptions {
+    pub data_dir: PathBuf,
+    pub listen: Multiaddr,
+    pub bootstrap: Vec<Multiaddr>,
+    pub manifest: SignedManifest,
+    pub key: SigningKey,
+    /// Corpus file; `None` uses the manifest's (embedded) corpus.
+    pub data_path: Option<PathBuf>,
+    /// Stop once the node holds θ(rounds).
+    pub rounds: Option<u64>,
+    pub events: Option<PathBuf>,
+    /// (index, count) of this node's shard; `None` samples the whole training split.
+    pub shard: Option<(usize, usize)>,
+    /// Trainer peers to wait for before the first round.
+    pub min_peers: usize,
+    /// Set to true to stop (Ctrl-C).
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// Runs a trainer until it has done `rounds` or is shut down. Picks CUDA when built with the
+/// `cuda` feature and a driver is present, else the CPU.
+///
+/// # Errors
+/// On a bad manifest, corpus or store, or when the network cannot start.
+pub async fn run_trainer(opts: TrainerOptions) -> anyhow::Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        if nightshift_model::backend::cuda_available() {
+            info!("using the CUDA backend");
+            return Driver::<nightshift_model::backend::CudaTrain>::start(opts, Default::default()).await;
+        }
+        warn!("built with cuda but no NVIDIA driver found (libcuda.so.1); training on the CPU");
+    }
+    Driver::<nightshift_model::backend::CpuTrain>::start(opts, nightshift_model::backend::cpu_device()).await
+}
+
+/// The tensor side of a trainer; moved onto a blocking thread for every heavy call.
+struct Compute<B: AutodiffBackend> {
+    trainer: InnerTrainer<B>,
+    corpus: Arc<Corpus>,
+    shard: Shard,
+    rng: ChaCha8Rng,
+    val: Arc<Vec<(Vec<i32>, Vec<i32>)>>,
+}
+
+impl<B: AutodiffBackend> Compute<B> {
+    fn val_loss(&self) -> f32 {
+        eval::val_loss(&self.trainer.eval_model(), &self.val)
+    }
+}
+
+enum Outcome {
+    Completed,
+    Behind,
+    Shutdown,
+}
+
+struct Driver<B: AutodiffBackend> {
+    net: NetHandle,
+    events: mpsc::Receiver<NetEvent>,
+    sink: EventSink,
+    store: Store,
+    manifest: SignedManifest,
+    swarm_id: Hash32,
+    key: SigningKey,
+    me: [u8; 32],
+    compute: Option<Compute<B>>,
+    state: StateSnapshot,
+    hash: Hash32,
+    outer: OuterOptimizer,
+    ef: ErrorFeedback,
+    phase: Phase,
+    holding: Vec<[u8; 32]>,
+    statuses: HashMap<PeerId, Status>,
+    connected: HashSet<PeerId>,
+    stash: Vec<SignedEnvelope>,
+    stop: Arc<AtomicBool>,
+    shutdown: watch::Receiver<bool>,
+    rounds: Option<u64>,
+    min_peers: usize,
+    num_params: usize,
+}
+
+fn short(k: &[u8; 32]) -> String {
+    hex::encode(&k[..6])
+}
+
+impl<B: AutodiffBackend> Driver<B> {
+    async fn start(opts: TrainerOptions, device: B::Device) -> anyhow::Result<()> {
+        let manifest = opts.manifest;
+        manifest.verify().context("the swarm manifest does not verify")?;
+        let m = &manifest.manifest;
+        let swarm_id = manifest.swarm_id();
+        std::fs::create_dir_all(&opts.data_dir).with_context(|| format!("cannot create {}", opts.data_dir.display()))?;
+        let store = Store::open(&opts.data_dir.join("db"))?;
+        if let Some(stored) = store.manifest()?
+            && stored.swarm_id() != swarm_id
+        {
+            bail!("{} belongs to swarm {}, not {}; use another --data-dir", opts.data_dir.display(), stored.swarm_id().short(), swarm_id.short());
+        }
+        store.set_manifest(&manifest)?;
+
+        // Data.
+        let text = nightshift_bootstrap::load_corpus(&m.training.data, opts.data_path.as_deref())?;
+        let tok = Tokenizer::from_vocab(m.model.vocab.clone())?;
+        let cfg = nightshift_bootstrap::model_config(&m.model);
+        let corpus = Arc::new(Corpus::new(&text, &tok, m.training.data.val_permille, cfg.seq_len)?);
+        let shard = match opts.shard {
+            Some((i, n)) => corpus.shard(i, n),
+            None => corpus.full_shard(),
+        };
+        let val = Arc::new(corpus.val_batches(m.training.batch_size as usize, cfg.seq_len, 8));
+
+        // State: the checkpoint, or genesis.
+        let genesis = nightshift_bootstrap::genesis_state(m);
+        if genesis.hash() != m.initial_state_hash {
+            bail!("this build computes a different genesis state than the manifest's ({}); the swarm was created by an incompatible version", m.initial_state_hash.short());
+        }
+        let (state, resumed) = match store.checkpoint()? {
+            Some(s) if s.params.len() == genesis.params.len() && s.momentum.len() == s.params.len() => (s, true),
+            Some(_) => bail!("the checkpoint in {} does not fit this swarm's model", opts.data_dir.display()),
+            None => (genesis.clone(), false),
+        };
+        let hash = state.hash();
+        let num_params = state.params.len();
+        let inner = InnerConfig {
+            lr: m.training.inner_lr as f64,
+            warmup_steps: m.training.warmup_steps as u64,
+            batch_size: m.training.batch_size as usize,
+            weight_decay: m.training.weight_decay,
+            grad_clip: m.training.grad_clip,
+        };
+        let trainer = InnerTrainer::<B>::new(&cfg, inner, &state.params, &device)?;
+        let me = opts.key.verifying_key().to_bytes();
+        let seed = u64::from_le_bytes(me[..8].try_into().unwrap_or_default()) ^ state.round.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let compute = Compute { trainer, corpus, shard, rng: ChaCha8Rng::seed_from_u64(seed), val };
+
+        // Network.
+        let mut served = Served::new(Some(manifest.clone()));
+        served.genesis = Some(Arc::new(genesis));
+        served.state = Some(Arc::new(state.clone()));
+        let served = Arc::new(RwLock::new(served));
+        let max_frame = 2 * delta::dense_bytes(num_params) * 2 + (1 << 20);
+        let (net, events) = net::spawn_network(
+            net::libp2p_keypair(&opts.key),
+            net::protocol_names(&swarm_id),
+            max_frame.min(nightshift_protocol::MAX_MESSAGE_BYTES),
+            opts.listen,
+            opts.bootstrap,
+            served,
+        )?;
+        let sink = EventSink::open(opts.events.as_deref()).context("cannot open the events file")?;
+        let outer = OuterOptimizer { lr: m.training.outer_lr, momentum: m.training.outer_momentum, buf: state.momentum.clone() };
+        let stop = Arc::new(AtomicBool::new(false));
+        {
+            let stop = stop.clone();
+            let mut sd = opts.shutdown.clone();
+            tokio::spawn(async move {
+                while sd.changed().await.is_ok() {
+                    if *sd.borrow() {
+                        stop.store(true, Ordering::SeqCst);
+                        break;
+                    }
+                }
+            });
+        }
+        info!(swarm = %swarm_id.short(), peer = %net.local_peer, round = state.round, params = num_params, resumed, "trainer started");
+        let val_loss = compute.val_loss();
+        sink.emit(&NodeEvent::Started {
+            peer_id: net.local_peer.to_string(),
+            round: state.round,
+            state_hash: hash.to_hex(),
+            num_params,
+            val_loss,
+            resumed,
+        });
+        let driver = Driver {
+            net,
+            events,
+            sink,
+            store,
+            manifest,
+            swarm_id,
+            key: opts.key,
+            me,
+            compute: Some(compute),
+            state,
+            hash,
+            outer,
+            ef: ErrorFeedback::default(),
+            phase: Phase::Syncing,
+            holding: vec![],
+            statuses: HashMap::new(),
+            connected: HashSet::new(),
+            stash: vec![],
+            stop,
+            shutdown: opts.shutdown,
+            rounds: opts.rounds,
+            min_peers: opts.min_peers,
+            num_params,
+        };
+        driver.run().await
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn done(&self) -> bool {
+        self.rounds.is_some_and(|n| self.state.round >= n)
+    }
+
+    async fn run(mut self) -> anyhow::Result<()> {
+        self.announce(Phase::Syncing).await;
+        let reason = loop {
+            if self.shutting_down() {
+                break "shutdown";
+            }
+            if self.done() {
+                break "finished";
+            }
+            if !self.wait_for_peers().await {
+                break "shutdown";
+            }
+            self.align().await;
+            if self.done() {
+                break "finished";
+            }
+            match self.one_round().await? {
+                Outcome::Completed | Outcome::Behind => {}
+                Outcome::Shutdown => break "shutdown",
+            }
+        };
+        self.announce(Phase::Done).await;
+        self.sink.emit(&NodeEvent::Stopped { round: self.state.round, state_hash: self.hash.to_hex(), reason: reason.into() });
+        info!(round = self.state.round, reason, "trainer stopping");
+        // Keep serving a moment so that peers finishing the same round can fetch from us.
+        let linger = tokio::time::sleep(Duration::from_secs(LINGER_SECS));
+        tokio::pin!(linger);
+        loop {
+            tokio::select! {
+                _ = &mut linger => break,
+                ev = self.events.recv() => match ev { Some(ev) => self.on_event(ev, None).await, None => break },
+            }
+        }
+        Ok(())
+    }
+
+    fn status(&self) -> Status {
+        Status {
+            role: NodeRole::Trainer,
+            phase: self.phase,
+            round: self.state.round,
+            state_hash: self.hash,
+            formed_by: self.state.formed_by.clone(),
+            holding: self.holding.clone(),
+        }
+    }
+
+    /// Publishes the status to the served table and to every connected peer.
+    async fn announce(&mut self, phase: Phase) {
+        self.phase = phase;
+        let status = self.status();
+        if let Ok(mut s) = self.net.served.write() {
+            s.status = Some(status.clone());
+        }
+        for peer in self.net.connected().await {
+            let net = self.net.clone();
+            let st = status.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(LOOKUP_TIMEOUT_SECS), net.request(peer, Request::Announce(st))).await;
+            });
+        }
+    }
+
+    fn trainer_peers(&self) -> Vec<(PeerId, &Status)> {
+        self.statuses
+            .iter()
+            .filter(|(p, s)| s.role == NodeRole::Trainer && self.connected.contains(p))
+            .map(|(p, s)| (*p, s))
+            .collect()
+    }
+
+    /// Asks every connected peer for its status.
+    async fn refresh_statuses(&mut self) {
+        let peers = self.net.connected().await;
+        self.connected.extend(peers.iter().copied());
+        let asks = peers.into_iter().map(|p| {
+            let net = self.net.clone();
+            async move { (p, tokio::time::timeout(Duration::from_secs(LOOKUP_TIMEOUT_SECS), net.request(p, Request::GetStatus)).await) }
+        });
+        for (p, r) in futures::future::join_all(asks).await {
+            if let Ok(Ok(Response::Status(s))) = r {
+                self.statuses.insert(p, s);
+            }
+        }
+    }
+
+    fn drain_events_now(&mut self) -> Vec<NetEvent> {
+        let mut out = vec![];
+        while let Ok(ev) = self.events.try_recv() {
+            out.push(ev);
+        }
+        out
+    }
+
+    /// Waits until at least `min_peers` trainers are known. Returns false on shutdown.
+    async fn wait_for_peers(&mut self) -> bool {
+        let mut last_log = Instant::now();
+        loop {
+            for ev in self.drain_events_now() {
+                self.on_event(ev, None).await;
+            }
+            if self.trainer_peers().len() >= self.min_peers {
+                return true;
+            }
+            if self.shutting_down() {
+                return false;
+            }
+            self.refresh_statuses().await;
+            if self.trainer_peers().len() >= self.min_peers {
+                return true;
+            }
+            if last_log.elapsed() > Duration::from_secs(5) {
+                info!(have = self.trainer_peers().len(), want = self.min_peers, "waiting for peers");
+                last_log = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Before a round: wait briefly for peers finishing the previous one, then catch up with a
+    /// swarm that is ahead or repair a state that differs from the canonical one.
+    async fn align(&mut self) {
+        let until = Instant::now() + Duration::from_secs(ALIGN_WAIT_SECS);
+        loop {
+            for ev in self.drain_events_now() {
+                self.on_event(ev, None).await;
+            }
+            self.refresh_statuses().await;
+            let r = self.state.round;
+            let lagging = self
+                .trainer_peers()
+                .iter()
+                .filter(|(_, s)| s.round < r && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting))
+                .count();
+            if lagging == 0 || Instant::now() >= until || self.shutting_down() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let active: Vec<(PeerId, Status)> = self
+            .trainer_peers()
+            .into_iter()
+            .filter(|(_, s)| !matches!(s.phase, Phase::Syncing | Phase::Done))
+            .map(|(p, s)| (p, s.clone()))
+            .collect();
+        let top = active.iter().map(|(_, s)| s.round).max().unwrap_or(0);
+        let (target_round, reason) = if top > self.state.round { (top, "behind the swarm") } else { (self.state.round, "diverged from the swarm") };
+        let mut views: Vec<(Hash32, usize)> =
+            active.iter().filter(|(_, s)| s.round == target_round).map(|(_, s)| (s.state_hash, s.formed_by.len())).collect();
+        if target_round == self.state.round {
+            views.push((self.hash, self.state.formed_by.len()));
+        }
+        let Some(canonical) = choose_canonical(&views) else { return };
+        if target_round == self.state.round && canonical == self.hash {
+            return;
+        }
+        let holders: Vec<PeerId> =
+            active.iter().filter(|(_, s)| s.round == target_round && s.state_hash == canonical).map(|(p, _)| *p).collect();
+        for peer in holders {
+            match self.fetch_state(peer, target_round, canonical).await {
+                Ok(snapshot) => {
+                    self.adopt(snapshot, peer, reason).await;
+                    return;
+                }
+                Err(e) => warn!(%peer, error = %e, "state sync failed; trying another peer"),
+            }
+        }
+        warn!(round = target_round, "no peer could serve the swarm's state; continuing with ours");
+    }
+
+    async fn fetch_state(&self, peer: PeerId, round: u64, hash: Hash32) -> anyhow::Result<StateSnapshot> {
+        let resp = self.net.request(peer, Request::GetState { round: Some(round) }).await?;
+        let Response::State(Some(s)) = resp else { bail!("peer has no state for round {round}") };
+        if s.round != round || s.params.len() != self.num_params || s.momentum.len() != self.num_params {
+            bail!("peer sent a state of the wrong round or shape");
+        }
+        let got = tokio::task::spawn_blocking({
+            let s = s.clone();
+            move || s.hash()
+        })
+        .await?;
+        if got != hash {
+            bail!("state hash {} does not match the swarm's {}", got.short(), hash.short());
+        }
+        Ok(s)
+    }
+
+    async fn adopt(&mut self, s: StateSnapshot, from: PeerId, reason: &str) {
+        info!(round = s.round, hash = %s.hash().short(), %from, reason, "synced state from peer");
+        self.hash = s.hash();
+        self.outer.buf = s.momentum.clone();
+        self.ef = ErrorFeedback::default();
+        if let Some(c) = self.compute.as_mut()
+            && let Err(e) = c.trainer.load_params(&s.params)
+        {
+            warn!(error = %e, "synced state does not fit the model");
+            return;
+        }
+        self.state = s;
+        self.checkpoint().await;
+        self.sink.emit(&NodeEvent::Synced { round: self.state.round, state_hash: self.hash.to_hex(), from: from.to_string(), reason: reason.into() });
+        self.announce(Phase::Ready).await;
+    }
+
+    async fn checkpoint(&self) {
+        if let Err(e) = self.store.save_checkpoint(&self.state) {
+            warn!(error = %e, "cannot write checkpoint");
+        }
+        if let Ok(mut s) = self.net.served.write() {
+            s.state = Some(Arc::new(self.state.clone()));
+        }
+    }
+
+    fn context(&self) -> (Hash32, u64, Hash32, u64) {
+        let t = &self.manifest.manifest.training;
+        let max_tokens = t.inner_steps as u64 * t.batch_size as u64 * self.manifest.manifest.model.seq_len as u64;
+        (self.swarm_id, self.state.round, self.hash, max_tokens)
+    }
+
+    /// Verifies and records one contribution for the current round.
+    fn consider(&mut self, env: SignedEnvelope, from: PeerId, collected: &mut BTreeMap<[u8; 32], Accepted>) {
+        let (swarm_id, round, base_hash, max_tokens) = self.context();
+        if env.header.round == round + 1 {
+            if self.stash.len() < 256 {
+                self.stash.push(env);
+            }
+            return;
+        }
+        if collected.contains_key(&env.header.sender) && env.header.round == round {
+            return;
+        }
+        let allow = self.manifest.manifest.allowlist();
+        let ctx = RoundContext { swarm_id, round, base_hash, allowlist: allow, num_params: self.num_params, max_tokens };
+        match accept(&ctx, &env) {
+            Ok(a) => {
+                debug!(sender = %short(&a.sender), tokens = a.tokens, "contribution accepted");
+                if let Ok(mut s) = self.net.served.write() {
+                    s.contributions.insert((round, a.sender), Arc::new(env));
+                }
+                collected.insert(a.sender, a);
+                self.holding = collected.keys().copied().collect();
+                if let Ok(mut s) = self.net.served.write() {
+                    s.status = Some(self.status());
+                }
+            }
+            Err(e) => {
+                warn!(%from, sender = %short(&env.header.sender), round, reason = %e, "contribution refused");
+                self.sink.emit(&NodeEvent::Refused { round, from: from.to_string(), reason: e.to_string() });
+            }
+        }
+    }
+
+    async fn on_event(&mut self, ev: NetEvent, collected: Option<&mut BTreeMap<[u8; 32], Accepted>>) {
+        match ev {
+            NetEvent::ContributionPushed { peer, envelope } => match collected {
+                Some(c) => self.consider(envelope, peer, c),
+                None => {
+                    if envelope.header.round >= self.state.round && self.stash.len() < 256 {
+                        self.stash.push(envelope);
+                    }
+                }
+            },
+            NetEvent::StatusAnnounced { peer, status } => {
+                self.connected.insert(peer);
+                self.statuses.insert(peer, status);
+            }
+            NetEvent::PeerConnected(peer) => {
+                self.connected.insert(peer);
+                let net = self.net.clone();
+                let st = self.status();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(LOOKUP_TIMEOUT_SECS), net.request(peer, Request::Announce(st))).await;
+                });
+            }
+            NetEvent::PeerDisconnected(peer) => {
+                self.connected.remove(&peer);
+                self.statuses.remove(&peer);
+            }
+        }
+    }
+
+    /// Fetches `sender`'s contribution for the current round from `peer`.
+    async fn fetch_contribution(&mut self, peer: PeerId, sender: [u8; 32], collected: &mut BTreeMap<[u8; 32], Accepted>) {
+        let round = self.state.round;
+        let r = tokio::time::timeout(Duration::from_secs(LOOKUP_TIMEOUT_SECS * 4), self.net.request(peer, Request::GetContribution { round, sender })).await;
+        if let Ok(Ok(Response::Contribution(Some(env)))) = r {
+            if env.header.sender != sender || env.header.round != round {
+                warn!(%peer, "peer answered with a different contribution than asked for");
+                return;
+            }
+            self.consider(env, peer, collected);
+        }
+    }
+
+    async fn one_round(&mut self) -> anyhow::Result<Outcome> {
+        let r = self.state.round;
+        let t_round = Instant::now();
+        let traffic0 = self.net.traffic.snapshot();
+        self.holding.clear();
+        self.announce(Phase::Training).await;
+        let t = self.manifest.manifest.training.clone();
+
+        // Inner phase, on a blocking thread.
+        let mut compute = self.compute.take().context("trainer state missing")?;
+        let stop = self.stop.clone();
+        let steps = t.inner_steps;
+        let (compute_back, report) = tokio::task::spawn_blocking(move || {
+            let c = &mut compute;
+            let rep = c.trainer.train(&c.corpus, &c.shard, &mut c.rng, steps, &|| stop.load(Ordering::SeqCst));
+            (compute, rep)
+        })
+        .await?;
+        self.compute = Some(compute_back);
+        let train_secs = t_round.elapsed().as_secs_f64();
+        if report.steps == 0 || self.shutting_down() {
+            return Ok(Outcome::Shutdown);
+        }
+
+        // Pseudo-gradient, error feedback, encoding and signing.
+        let t_enc = Instant::now();
+        let theta_i = self.compute.as_ref().map(|c| c.trainer.params()).unwrap_or_default();
+        let base = self.state.params.clone();
+        let codec = t.codec;
+        let mut ef = std::mem::take(&mut self.ef);
+        let (enc, sent, ef) = tokio::task::spawn_blocking(move || {
+            let mut d: Vec<f32> = base.iter().zip(&theta_i).map(|(a, b)| a - b).collect();
+            ef.compensate(&mut d);
+            let enc = delta::encode(codec, &d);
+            let sent = delta::decode(&enc, d.len());
+            if let Ok(s) = &sent {
+                ef.record(&d, s);
+            }
+            (enc, sent, ef)
+        })
+        .await?;
+        self.ef = ef;
+        let sent = sent.context("our own delta does not decode (non-finite training?)")?;
+        let wire_delta_bytes = enc.body.len() as u64;
+        let contribution = Contribution { tokens: report.tokens, inner_steps: report.steps, train_loss: report.mean_loss, delta: enc };
+        let header = EnvelopeHeader { kind: PayloadKind::Contribution, swarm_id: self.swarm_id, round: r, sender: self.me, base_hash: self.hash };
+        let env = SignedEnvelope::sign(&self.key, header, wire::encode(&contribution));
+        let encode_secs = t_enc.elapsed().as_secs_f64();
+
+        let mut collected: BTreeMap<[u8; 32], Accepted> = BTreeMap::new();
+        collected.insert(self.me, Accepted { sender: self.me, tokens: report.tokens, train_loss: report.mean_loss, delta: sent });
+        if let Ok(mut s) = self.net.served.write() {
+            s.contributions.insert((r, self.me), Arc::new(env.clone()));
+        }
+        self.holding = vec![self.me];
+        self.announce(Phase::Collecting).await;
+
+        // Push to every peer, concurrently with collecting.
+        let t_push = Instant::now();
+        let peers = self.net.connected().await;
+        let push = {
+            let net = self.net.clone();
+            let env = env.clone();
+            tokio::spawn(async move {
+                let sends = peers.into_iter().map(|p| {
+                    let net = net.clone();
+                    let env = env.clone();
+                    async move { net.request(p, Request::Push(env)).await }
+                });
+                futures::future::join_all(sends).await;
+                t_push.elapsed()
+            })
+        };
+        for env in std::mem::take(&mut self.stash) {
+            let from = net::peer_id_of(&env.header.sender).unwrap_or(self.net.local_peer);
+            self.consider(env, from, &mut collected);
+        }
+
+        // Collect until every live peer's contribution is in, or the deadline.
+        let deadline_secs = (t.round_deadline_secs as f64).max(1.5 * train_secs);
+        let deadline = Instant::now() + Duration::from_secs_f64(deadline_secs);
+        let mut tick = tokio::time::interval(Duration::from_millis(COLLECT_TICK_MS));
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            let have: HashSet<PeerId> = collected.keys().filter_map(net::peer_id_of).collect();
+            let trainers = self.trainer_peers();
+            if trainers.iter().any(|(_, s)| s.round > r && !matches!(s.phase, Phase::Syncing | Phase::Done)) {
+                info!(round = r, "the swarm has moved on; catching up");
+                return Ok(Outcome::Behind);
+            }
+            let missing: Vec<PeerId> = trainers
+                .iter()
+                .filter(|(p, s)| s.round == r && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting) && !have.contains(p))
+                .map(|(p, _)| *p)
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                warn!(round = r, missing = missing.len(), "round deadline passed; going on without them");
+                break;
+            }
+            tokio::select! {
+                ev = self.events.recv() => match ev {
+                    Some(ev) => self.on_event(ev, Some(&mut collected)).await,
+                    None => bail!("network task stopped"),
+                },
+                _ = tick.tick() => {
+                    let wanted: Vec<(PeerId, [u8; 32])> = self.trainer_peers().iter()
+                        .filter(|(_, s)| s.round == r)
+                        .flat_map(|(p, s)| s.holding.iter().filter(|k| !collected.contains_key(*k)).map(move |k| (*p, *k)))
+                        .collect();
+                    for (p, k) in wanted {
+                        self.fetch_contribution(p, k, &mut collected).await;
+                    }
+                }
+                _ = shutdown.changed() => {
+                    if *shutdown.borrow() {
+                        return Ok(Outcome::Shutdown);
+                    }
+                }
+            }
+        }
+        let collect_secs = t_enc.elapsed().as_secs_f64() - encode_secs;
+
+        // Reconcile with what the peers hold or used, so that every node averages the same set.
+        self.refresh_statuses().await;
+        let wanted: Vec<(PeerId, [u8; 32])> = self
+            .trainer_peers()
+            .iter()
+            .flat_map(|(p, s)| {
+                let set = if s.round == r { &s.holding } else if s.round == r + 1 { &s.formed_by } else { return vec![] };
+                set.iter().filter(|k| !collected.contains_key(*k)).map(|k| (*p, *k)).collect::<Vec<_>>()
+            })
+            .collect();
+        for (p, k) in wanted {
+            if !collected.contains_key(&k) {
+                self.fetch_contribution(p, k, &mut collected).await;
+            }
+        }
+
+        // Outer step.
+        let avg = aggregate(&collected).context("nothing to average")?;
+        let mut params = std::mem::take(&mut self.state.params);
+        let mut outer = self.outer.clone();
+        let (params, outer) = tokio::task::spawn_blocking(move || {
+            outer.step(&mut params, &avg);
+            (params, outer)
+        })
+        .await?;
+        self.outer = outer;
+        let formed_by: Vec<[u8; 32]> = collected.keys().copied().collect();
+        self.state = StateSnapshot { round: r + 1, params, momentum: self.outer.buf.clone(), formed_by };
+        let state = self.state.clone();
+        let (hash, compute, val_loss) = {
+            let mut compute = self.compute.take().context("trainer state missing")?;
+            tokio::task::spawn_blocking(move || {
+                let h = state.hash();
+                let loaded = compute.trainer.load_params(&state.params);
+                let v = if loaded.is_ok() { compute.val_loss() } else { f32::NAN };
+                (h, compute, v)
+            })
+            .await?
+        };
+        self.compute = Some(compute);
+        self.hash = hash;
+        self.checkpoint().await;
+        if let Ok(mut s) = self.net.served.write() {
+            s.contributions.retain(|(round, _), _| *round >= r);
+        }
+        self.holding.clear();
+        self.announce(Phase::Ready).await;
+
+        let transfer_secs = match tokio::time::timeout(Duration::from_secs(1), push).await {
+            Ok(Ok(d)) => d.as_secs_f64(),
+            _ => t_push.elapsed().as_secs_f64(),
+        };
+        let traffic1 = self.net.traffic.snapshot();
+        let rec = RoundRecord {
+            round: r + 1,
+            state_hash: self.hash.to_hex(),
+            val_loss,
+            train_loss: report.mean_loss,
+            contributors: collected.len(),
+            tokens: report.tokens,
+            tokens_per_sec: report.tokens as f64 / train_secs.max(1e-9),
+            inner_steps: report.steps,
+            bytes_sent: traffic1.0 - traffic0.0,
+            bytes_received: traffic1.1 - traffic0.1,
+            dense_delta_bytes: delta::dense_bytes(self.num_params) as u64,
+            wire_delta_bytes,
+            codec: codec.to_string(),
+            train_secs,
+            encode_secs,
+            transfer_secs,
+            wait_secs: (collect_secs - transfer_secs).max(0.0),
+            round_secs: t_round.elapsed().as_secs_f64(),
+        };
+        info!(round = r + 1, val_loss, contributors = collected.len(), hash = %self.hash.short(), secs = rec.round_secs, "round completed");
+        self.sink.emit(&NodeEvent::RoundCompleted(rec));
+        Ok(Outcome::Completed)
+    }
+}

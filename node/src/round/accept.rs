@@ -1,0 +1,219 @@
+//! Pure round logic: accepting a contribution, aggregating a round, choosing the canonical state.
+//! No I/O, so every rule here is tested directly.
+
+use nightshift_model::{WeightedDelta, weighted_average};
+use nightshift_protocol::{
+    Contribution, DecodeError, DeltaError, Expectation, Hash32, PayloadKind, SignedEnvelope, VerifyError, delta, wire,
+};
+use std::collections::{BTreeMap, HashMap};
+use thiserror::Error;
+
+/// A verified, decoded contribution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Accepted {
+    pub sender: [u8; 32],
+    pub tokens: u64,
+    pub train_loss: f32,
+    pub delta: Vec<f32>,
+}
+
+/// What a contribution for one round must match.
+#[derive(Clone, Copy, Debug)]
+pub struct RoundContext<'a> {
+    pub swarm_id: Hash32,
+    pub round: u64,
+    pub base_hash: Hash32,
+    pub allowlist: Option<&'a [[u8; 32]]>,
+    pub num_params: usize,
+    /// Most tokens one round of inner steps can train (H · batch · seq).
+    pub max_tokens: u64,
+}
+
+impl RoundContext<'_> {
+    /// Largest acceptable payload: an fp32 delta plus slack for the header fields.
+    pub fn max_payload(&self) -> usize {
+        delta::dense_bytes(self.num_params) + 4096
+    }
+}
+
+/// Why a contribution was refused.
+#[derive(Debug, Error, PartialEq)]
+pub enum Refusal {
+    #[error("{0}")]
+    Verify(#[from] VerifyError),
+    #[error("payload: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("delta: {0}")]
+    Delta(#[from] DeltaError),
+    #[error("claims {got} tokens, a round trains at most {max}")]
+    TooManyTokens { got: u64, max: u64 },
+    #[error("claims zero tokens")]
+    NoTokens,
+}
+
+/// Verifies `env` against `ctx` (signature and bindings first, then decoding), bounds its claims
+/// and decodes its delta.
+///
+/// # Errors
+/// The reason it is refused; nothing is kept from a refused contribution.
+pub fn accept(ctx: &RoundContext<'_>, env: &SignedEnvelope) -> Result<Accepted, Refusal> {
+    let expect = Expectation {
+        kind: PayloadKind::Contribution,
+        swarm_id: ctx.swarm_id,
+        round: ctx.round,
+        base_hash: ctx.base_hash,
+        allowlist: ctx.allowlist,
+        max_payload: ctx.max_payload(),
+    };
+    let payload = env.verify(&expect)?;
+    let c: Contribution = wire::decode(payload, ctx.max_payload())?;
+    if c.tokens == 0 {
+        return Err(Refusal::NoTokens);
+    }
+    if c.tokens > ctx.max_tokens {
+        return Err(Refusal::TooManyTokens { got: c.tokens, max: ctx.max_tokens });
+    }
+    let delta = delta::decode(&c.delta, ctx.num_params)?;
+    Ok(Accepted { sender: env.header.sender, tokens: c.tokens, train_loss: c.train_loss, delta })
+}
+
+/// The token-weighted mean of the accepted deltas, in sender order (the same on every node).
+pub fn aggregate(accepted: &BTreeMap<[u8; 32], Accepted>) -> Option<Vec<f32>> {
+    let parts: Vec<WeightedDelta<'_>> =
+        accepted.values().map(|a| WeightedDelta { delta: &a.delta, weight: a.tokens as f64 }).collect();
+    weighted_average(&parts)
+}
+
+/// The state the swarm should continue from, given every (state hash, contributors) seen for
+/// one round: the hash held by most nodes; on a tie the one formed by more contributions; then
+/// the smallest hash. Every node applying this to the same views picks the same state.
+pub fn choose_canonical(views: &[(Hash32, usize)]) -> Option<Hash32> {
+    let mut tally: HashMap<Hash32, (usize, usize)> = HashMap::new();
+    for (h, formed) in views {
+        let e = tally.entry(*h).or_insert((0, 0));
+        e.0 += 1;
+        e.1 = e.1.max(*formed);
+    }
+    tally
+        .into_iter()
+        .max_by(|(ha, (na, fa)), (hb, (nb, fb))| na.cmp(nb).then(fa.cmp(fb)).then(hb.cmp(ha)))
+        .map(|(h, _)| h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ed25519_dalek::SigningKey;
+    use nightshift_protocol::signed::EnvelopeHeader;
+    use nightshift_protocol::{DeltaCodec, EncodedDelta};
+
+    const N: usize = 64;
+
+    fn key(i: u8) -> SigningKey {
+        SigningKey::from_bytes(&[i; 32])
+    }
+
+    fn ctx(allow: &[[u8; 32]]) -> RoundContext<'_> {
+        RoundContext {
+            swarm_id: Hash32::of(&[b"swarm"]),
+            round: 5,
+            base_hash: Hash32::of(&[b"theta5"]),
+            allowlist: Some(allow),
+            num_params: N,
+            max_tokens: 10_000,
+        }
+    }
+
+    fn contribution(k: &SigningKey, round: u64, base: Hash32, delta: EncodedDelta, tokens: u64) -> SignedEnvelope {
+        let c = Contribution { tokens, inner_steps: 10, train_loss: 2.0, delta };
+        let h = EnvelopeHeader { kind: PayloadKind::Contribution, swarm_id: Hash32::of(&[b"swarm"]), round, sender: [0; 32], base_hash: base };
+        SignedEnvelope::sign(k, h, wire::encode(&c))
+    }
+
+    fn good(i: u8, tokens: u64) -> SignedEnvelope {
+        let d: Vec<f32> = (0..N).map(|j| (j as f32 + i as f32) * 1e-3).collect();
+        contribution(&key(i), 5, Hash32::of(&[b"theta5"]), delta::encode(DeltaCodec::Fp32, &d), tokens)
+    }
+
+    #[test]
+    fn bad_contributions_are_refused_and_leave_the_result_unchanged() {
+        let allow: Vec<[u8; 32]> = (1..=3).map(|i| key(i).verifying_key().to_bytes()).collect();
+        let ctx = ctx(&allow);
+        let honest = [good(1, 1000), good(2, 3000)];
+        let mut clean = BTreeMap::new();
+        for e in &honest {
+            let a = accept(&ctx, e).unwrap();
+            clean.insert(a.sender, a);
+        }
+        let expected = aggregate(&clean).unwrap();
+
+        let mut unsigned = good(3, 1000);
+        unsigned.signature.clear();
+        let outsider = {
+            let d = vec![0.5f32; N];
+            contribution(&key(9), 5, ctx.base_hash, delta::encode(DeltaCodec::Fp32, &d), 1000)
+        };
+        let mut tampered = good(3, 1000);
+        let last = tampered.payload.len() - 1;
+        tampered.payload[last] ^= 0x55;
+        let stale = contribution(&key(3), 4, ctx.base_hash, delta::encode(DeltaCodec::Fp32, &[0.1; N]), 1000);
+        let wrong_base = contribution(&key(3), 5, Hash32::of(&[b"theta4"]), delta::encode(DeltaCodec::Fp32, &[0.1; N]), 1000);
+        let wrong_len = contribution(&key(3), 5, ctx.base_hash, delta::encode(DeltaCodec::Fp32, &[0.1; N + 1]), 1000);
+        let mut nan = vec![0.1f32; N];
+        nan[7] = f32::NAN;
+        let nan = contribution(&key(3), 5, ctx.base_hash, delta::encode(DeltaCodec::Fp32, &nan), 1000);
+        let mut inf = vec![0.1f32; N];
+        inf[0] = f32::NEG_INFINITY;
+        let inf = contribution(&key(3), 5, ctx.base_hash, delta::encode(DeltaCodec::Int8 { block: 8 }, &inf), 1000);
+        let greedy = contribution(&key(3), 5, ctx.base_hash, delta::encode(DeltaCodec::Fp32, &[0.1; N]), 1 << 40);
+
+        let cases = [
+            ("unsigned", unsigned, "unsigned"),
+            ("outsider", outsider, "not a member"),
+            ("tampered", tampered, "does not verify"),
+            ("stale", stale, "round 4"),
+            ("wrong base", wrong_base, "based on state"),
+            ("wrong length", wrong_len, "values, the model has"),
+            ("nan", nan, "non-finite"),
+            ("inf", inf, "non-finite"),
+            ("greedy", greedy, "tokens"),
+        ];
+        let mut all = clean.clone();
+        for (name, env, why) in cases {
+            let err = accept(&ctx, &env).expect_err(name);
+            assert!(err.to_string().contains(why), "{name}: {err}");
+            // A refused contribution is never inserted, so the round's result is unchanged.
+            if let Ok(a) = accept(&ctx, &env) {
+                all.insert(a.sender, a);
+            }
+        }
+        assert_eq!(aggregate(&all).unwrap(), expected);
+    }
+
+    #[test]
+    fn aggregation_weights_by_tokens_in_sender_order() {
+        let allow: Vec<[u8; 32]> = (1..=2).map(|i| key(i).verifying_key().to_bytes()).collect();
+        let ctx = ctx(&allow);
+        let mut m = BTreeMap::new();
+        for e in [good(2, 3000), good(1, 1000)] {
+            let a = accept(&ctx, &e).unwrap();
+            m.insert(a.sender, a);
+        }
+        let avg = aggregate(&m).unwrap();
+        // (j+1)e-3 * 0.25 + (j+2)e-3 * 0.75 = (j + 1.75)e-3
+        for (j, v) in avg.iter().enumerate() {
+            assert!((v - (j as f32 + 1.75) * 1e-3).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn canonical_state_is_the_majority_then_the_most_contributions() {
+        let a = Hash32::of(&[b"a"]);
+        let b = Hash32::of(&[b"b"]);
+        assert_eq!(choose_canonical(&[(a, 3), (b, 2), (b, 2)]), Some(b));
+        assert_eq!(choose_canonical(&[(a, 3), (b, 2)]), Some(a));
+        let tie = choose_canonical(&[(a, 2), (b, 2)]);
+        assert_eq!(tie, Some(a.min(b)));
+        assert_eq!(choose_canonical(&[]), None);
+    }
+}
