@@ -186,6 +186,15 @@ pub fn loss_svg(initial: f32, rounds: &[(u64, f32)]) -> String {
     s + "</svg>\n"
 }
 
+/// Prints above the progress bar, or plainly when there is no terminal to draw it on.
+fn say(pb: &ProgressBar, line: impl AsRef<str>) {
+    if pb.is_hidden() {
+        println!("{}", line.as_ref());
+    } else {
+        pb.println(line);
+    }
+}
+
 fn human_bytes(b: u64) -> String {
     match b {
         b if b >= 1 << 20 => format!("{:.2} MiB", b as f64 / (1 << 20) as f64),
@@ -276,7 +285,7 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     pb.set_style(ProgressStyle::with_template("{spinner} round {pos}/{len} [{elapsed_precise}] {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
     pb.enable_steady_tick(Duration::from_millis(200));
     pb.set_message("waiting for the nodes to find each other");
-    pb.println(format!("{:>5}  {:>8}  {:>6}  {:>9}  {:>11}  {:>7}  {:>6}", "round", "val loss", "nodes", "tokens/s", "sent/node", "ratio", "agreed"));
+    say(&pb, format!("{:>5}  {:>8}  {:>6}  {:>9}  {:>11}  {:>7}  {:>6}", "round", "val loss", "nodes", "tokens/s", "sent/node", "ratio", "agreed"));
     let mut shown = 0u64;
     let mut initial_shown = false;
     let limit = Duration::from_secs(args.timeout_secs);
@@ -286,7 +295,7 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
         if !initial_shown
             && let Some(r) = build_report(&events, "", 0, "", 0.0)
         {
-            pb.println(format!("{:>5}  {:>8.4}", 0, r.initial_val_loss));
+            say(&pb, format!("{:>5}  {:>8.4}", 0, r.initial_val_loss));
             initial_shown = true;
         }
         if let Some(r) = build_report(&events, "", 0, "", 0.0) {
@@ -299,7 +308,7 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
                     break;
                 }
                 let ratio = if r.wire_delta_bytes > 0 { r.dense_delta_bytes as f64 / r.wire_delta_bytes as f64 } else { 0.0 };
-                pb.println(format!(
+                say(&pb, format!(
                     "{:>5}  {:>8.4}  {:>6}  {:>9.0}  {:>11}  {:>6.1}x  {:>6}",
                     row.round, row.val_loss, row.contributors, row.tokens_per_sec, human_bytes(row.bytes_sent), ratio,
                     if row.state_hash_agreed { "yes" } else { "NO" }
@@ -332,7 +341,7 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
             _ = shutdown.changed() => {
                 // The children got the same SIGINT from the terminal; let them checkpoint and go.
                 interrupted = true;
-                pb.println("interrupted: waiting for the nodes to save and stop");
+                say(&pb, "interrupted: waiting for the nodes to save and stop");
             }
         }
     }

@@ -39,6 +39,8 @@ const ALIGN_WAIT_SECS: u64 = 10;
 const LOOKUP_TIMEOUT_SECS: u64 = 5;
 /// How often collection re-checks the peers' holdings for contributions it lacks.
 const COLLECT_TICK_MS: u64 = 300;
+/// How long a pushed contribution may take to arrive before it is fetched instead.
+const PUSH_GRACE_SECS: u64 = 2;
 /// How long a finished node keeps serving before it leaves.
 const LINGER_SECS: u64 = 2;
 
@@ -233,7 +235,7 @@ impl<B: AutodiffBackend> Driver<B> {
             hash,
             outer,
             ef: ErrorFeedback::default(),
-            phase: Phase::Syncing,
+            phase: Phase::Ready,
             holding: vec![],
             statuses: HashMap::new(),
             connected: HashSet::new(),
@@ -256,7 +258,7 @@ impl<B: AutodiffBackend> Driver<B> {
     }
 
     async fn run(mut self) -> anyhow::Result<()> {
-        self.announce(Phase::Syncing).await;
+        self.announce(Phase::Ready).await;
         let reason = loop {
             if self.shutting_down() {
                 break "shutdown";
@@ -321,7 +323,7 @@ impl<B: AutodiffBackend> Driver<B> {
     fn trainer_peers(&self) -> Vec<(PeerId, &Status)> {
         self.statuses
             .iter()
-            .filter(|(p, s)| s.role == NodeRole::Trainer && self.connected.contains(p))
+            .filter(|(p, s)| s.role == NodeRole::Trainer && s.phase != Phase::Done && self.connected.contains(p))
             .map(|(p, s)| (*p, s))
             .collect()
     }
@@ -387,7 +389,7 @@ impl<B: AutodiffBackend> Driver<B> {
             let lagging = self
                 .trainer_peers()
                 .iter()
-                .filter(|(_, s)| s.round < r && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting))
+                .filter(|(_, s)| s.round < r && matches!(s.phase, Phase::Training | Phase::Collecting))
                 .count();
             if lagging == 0 || Instant::now() >= until || self.shutting_down() {
                 break;
@@ -501,7 +503,11 @@ impl<B: AutodiffBackend> Driver<B> {
                 }
             }
             Err(e) => {
-                warn!(%from, sender = %short(&env.header.sender), round, reason = %e, "contribution refused");
+                if env.header.round < round && matches!(e, accept::Refusal::Verify(nightshift_protocol::VerifyError::WrongRound { .. })) {
+                    debug!(%from, sender = %short(&env.header.sender), round, reason = %e, "late contribution refused");
+                } else {
+                    warn!(%from, sender = %short(&env.header.sender), round, reason = %e, "contribution refused");
+                }
                 self.sink.emit(&NodeEvent::Refused { round, from: from.to_string(), reason: e.to_string() });
             }
         }
@@ -608,7 +614,10 @@ impl<B: AutodiffBackend> Driver<B> {
 
         // Push to every peer, concurrently with collecting.
         let t_push = Instant::now();
-        let peers = self.net.connected().await;
+        for ev in self.drain_events_now() {
+            self.on_event(ev, Some(&mut collected)).await;
+        }
+        let peers: Vec<PeerId> = self.trainer_peers().iter().map(|(p, _)| *p).collect();
         let push = {
             let net = self.net.clone();
             let env = env.clone();
@@ -657,12 +666,18 @@ impl<B: AutodiffBackend> Driver<B> {
                     None => bail!("network task stopped"),
                 },
                 _ = tick.tick() => {
+                    // Fetch what peers hold and we lack: at once when its sender cannot push to
+                    // us (not connected), else only after giving the push time to arrive.
+                    let patient = t_push.elapsed() > Duration::from_secs(PUSH_GRACE_SECS);
                     let wanted: Vec<(PeerId, [u8; 32])> = self.trainer_peers().iter()
                         .filter(|(_, s)| s.round == r)
-                        .flat_map(|(p, s)| s.holding.iter().filter(|k| !collected.contains_key(*k)).map(move |k| (*p, *k)))
+                        .flat_map(|(p, s)| s.holding.iter().map(move |k| (*p, *k)))
                         .collect();
                     for (p, k) in wanted {
-                        self.fetch_contribution(p, k, &mut collected).await;
+                        let direct = net::peer_id_of(&k).is_some_and(|id| self.connected.contains(&id));
+                        if !collected.contains_key(&k) && (patient || !direct) {
+                            self.fetch_contribution(p, k, &mut collected).await;
+                        }
                     }
                 }
                 _ = shutdown.changed() => {
