@@ -1,0 +1,20 @@
+# nightshift — common tasks. `just --list` shows them.
+
+# Train a local swarm (bootstrap + 3 nodes) on the embedded corpus.
+demo *ARGS:
+    cargo run --release -p nightshift-node -- demo --report demo-report.json --plot demo-loss.svg {{ARGS}}
+
+# The test suite (what CI runs).
+test:
+    cargo test --workspace
+
+# fmt + clippy + tests, as CI does.
+check:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    cargo test --workspace
+    cargo check -p nightshift-node --features cuda
+
+# Benchmarks recorded in BENCHMARKS.md.
+bench:
+    bash scripts/bench.sh
