@@ -259,15 +259,14 @@ impl<B: AutodiffBackend> Driver<B> {
 
     async fn run(mut self) -> anyhow::Result<()> {
         self.announce(Phase::Ready).await;
+        // Wait for company once, before the first round; later a swarm goes on with whoever is left.
+        let ready = self.done() || self.wait_for_peers().await;
         let reason = loop {
-            if self.shutting_down() {
+            if self.shutting_down() || !ready {
                 break "shutdown";
             }
             if self.done() {
                 break "finished";
-            }
-            if !self.wait_for_peers().await {
-                break "shutdown";
             }
             self.align().await;
             if self.done() {
@@ -485,12 +484,21 @@ impl<B: AutodiffBackend> Driver<B> {
             }
             return;
         }
-        if collected.contains_key(&env.header.sender) && env.header.round == round {
-            return;
+        let duplicate = env.header.round == round && collected.contains_key(&env.header.sender);
+        if duplicate {
+            let same = self.net.served.read().ok().and_then(|s| s.contributions.get(&(round, env.header.sender)).map(|held| held.signature == env.signature));
+            if same == Some(true) {
+                return; // the same contribution again (pushed and fetched)
+            }
         }
         let allow = self.manifest.manifest.allowlist();
         let ctx = RoundContext { swarm_id, round, base_hash, allowlist: allow, num_params: self.num_params, max_tokens };
         match accept(&ctx, &env) {
+            Ok(_) if duplicate => {
+                let reason = "a second, different contribution from this sender for this round (the first is kept)";
+                warn!(%from, sender = %short(&env.header.sender), round, reason, "contribution refused");
+                self.sink.emit(&NodeEvent::Refused { round, from: from.to_string(), reason: reason.into() });
+            }
             Ok(a) => {
                 debug!(sender = %short(&a.sender), tokens = a.tokens, "contribution accepted");
                 if let Ok(mut s) = self.net.served.write() {

@@ -45,5 +45,5 @@ fn int8_body_layout_is_frozen() {
     let out = delta::decode(&enc, 4).unwrap();
     assert_eq!(out, vec![0.5, -0.5, 0.0, 64.0 * scale]);
 }
-const VECTOR_REQUEST: &str = "TBD";
-const VECTOR_ENVELOPE_SHA256: &str = "TBD";
+const VECTOR_REQUEST: &str = "0103fb2c010707070707070707070707070707070707070707070707070707070707070707";
+const VECTOR_ENVELOPE_SHA256: &str = "adde05b839e5149407ad2b58ad10bed4e0489fbfa7d4609957177d99c06f5f4e";

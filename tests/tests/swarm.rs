@@ -45,9 +45,9 @@ fn three_nodes_find_each_other_and_train_five_rounds_in_agreement() {
 #[test]
 fn a_killed_node_is_not_waited_for_and_resumes_from_its_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let swarm = TestSwarm::create(dir.path(), 3, &["--inner-steps", "40", "--warmup-steps", "5", "--deadline-secs", "120"]);
+    let swarm = TestSwarm::create(dir.path(), 3, &["--inner-steps", "150", "--warmup-steps", "5", "--deadline-secs", "120"]);
     let (_boot, addr) = swarm.bootstrap();
-    let rounds = 9;
+    let rounds = 14;
     let mut n0 = swarm.node(0, &addr, rounds);
     let mut n1 = swarm.node(1, &addr, rounds);
     let mut n2 = swarm.node(2, &addr, rounds);
