@@ -5,7 +5,9 @@ use nightshift_model::backend::{Cpu, cpu_device};
 use nightshift_model::data::{EMBEDDED_CORPUS, EMBEDDED_NAME};
 use nightshift_model::{GptConfig, Tokenizer, flat};
 use nightshift_protocol::manifest::{DataSpec, MANIFEST_VERSION};
-use nightshift_protocol::{DeltaCodec, Hash32, Manifest, ModelSpec, SignedManifest, StateSnapshot, TrainingSpec};
+use nightshift_protocol::{
+    DeltaCodec, Hash32, Manifest, ModelSpec, SignedManifest, StateSnapshot, TrainingSpec,
+};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -15,9 +17,17 @@ pub enum GenesisError {
     #[error("unknown model preset {0:?} (expected tiny, small, medium or large)")]
     UnknownPreset(String),
     #[error("cannot read corpus {path}")]
-    ReadCorpus { path: String, #[source] source: std::io::Error },
+    ReadCorpus {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("corpus {path} does not match the manifest (sha256 {got}, expected {expected})")]
-    CorpusMismatch { path: String, got: String, expected: String },
+    CorpusMismatch {
+        path: String,
+        got: String,
+        expected: String,
+    },
     #[error("corpus: {0}")]
     Corpus(#[from] nightshift_model::DataError),
     #[error("manifest: {0}")]
@@ -86,13 +96,20 @@ pub fn load_corpus(spec: &DataSpec, path: Option<&Path>) -> Result<Vec<u8>, Gene
     };
     let got = Hash32::of(&[&bytes]);
     if got != spec.sha256 {
-        return Err(GenesisError::CorpusMismatch { path: shown, got: got.short(), expected: spec.sha256.short() });
+        return Err(GenesisError::CorpusMismatch {
+            path: shown,
+            got: got.short(),
+            expected: spec.sha256.short(),
+        });
     }
     Ok(bytes)
 }
 
 fn read(p: &Path) -> Result<Vec<u8>, GenesisError> {
-    std::fs::read(p).map_err(|source| GenesisError::ReadCorpus { path: p.display().to_string(), source })
+    std::fs::read(p).map_err(|source| GenesisError::ReadCorpus {
+        path: p.display().to_string(),
+        source,
+    })
 }
 
 /// The burn model config a manifest describes.
@@ -111,20 +128,30 @@ pub fn genesis_state(m: &Manifest) -> StateSnapshot {
     let model = cfg.init::<Cpu>(&cpu_device());
     let params = flat::genesis_params::<Cpu, _>(&model, m.training.init_seed);
     let momentum = vec![0.0; params.len()];
-    StateSnapshot { round: 0, params, momentum, formed_by: vec![] }
+    StateSnapshot {
+        round: 0,
+        params,
+        momentum,
+        formed_by: vec![],
+    }
 }
 
 /// Builds, checks and signs a manifest.
 ///
 /// # Errors
 /// On an unknown preset, an unreadable or unusable corpus, or inconsistent settings.
-pub fn build_manifest(s: &SwarmSettings, creator: &SigningKey, created_unix: u64) -> Result<SignedManifest, GenesisError> {
+pub fn build_manifest(
+    s: &SwarmSettings,
+    creator: &SigningKey,
+    created_unix: u64,
+) -> Result<SignedManifest, GenesisError> {
     let (bytes, name) = match &s.data {
         None => (EMBEDDED_CORPUS.to_vec(), EMBEDDED_NAME.to_string()),
         Some(p) => (read(p)?, p.display().to_string()),
     };
     let tok = Tokenizer::from_corpus(&bytes);
-    let cfg = GptConfig::preset(&s.preset, tok.len()).ok_or_else(|| GenesisError::UnknownPreset(s.preset.clone()))?;
+    let cfg = GptConfig::preset(&s.preset, tok.len())
+        .ok_or_else(|| GenesisError::UnknownPreset(s.preset.clone()))?;
     // Refuse a corpus the nodes could not use, now rather than on every node.
     nightshift_model::Corpus::new(&bytes, &tok, s.val_permille, cfg.seq_len)?;
     let mut m = Manifest {
@@ -151,7 +178,12 @@ pub fn build_manifest(s: &SwarmSettings, creator: &SigningKey, created_unix: u64
             codec: s.codec,
             round_deadline_secs: s.round_deadline_secs,
             init_seed: s.init_seed,
-            data: DataSpec { name, bytes: bytes.len() as u64, sha256: Hash32::of(&[&bytes]), val_permille: s.val_permille },
+            data: DataSpec {
+                name,
+                bytes: bytes.len() as u64,
+                sha256: Hash32::of(&[&bytes]),
+                val_permille: s.val_permille,
+            },
         },
         initial_state_hash: Hash32::default(),
         creator: [0; 32],
@@ -170,16 +202,31 @@ mod tests {
     #[test]
     fn a_manifest_pins_its_corpus_and_genesis() {
         let key = SigningKey::from_bytes(&[5; 32]);
-        let s = SwarmSettings { preset: "tiny".into(), ..Default::default() };
+        let s = SwarmSettings {
+            preset: "tiny".into(),
+            ..Default::default()
+        };
         let m = build_manifest(&s, &key, 0).unwrap();
         m.verify().unwrap();
         assert_eq!(m.manifest.model.vocab.len(), 84);
-        assert_eq!(genesis_state(&m.manifest).hash(), m.manifest.initial_state_hash);
+        assert_eq!(
+            genesis_state(&m.manifest).hash(),
+            m.manifest.initial_state_hash
+        );
         assert!(load_corpus(&m.manifest.training.data, None).is_ok());
         let mut other = m.manifest.training.data.clone();
         other.sha256 = Hash32::default();
-        assert!(matches!(load_corpus(&other, None), Err(GenesisError::CorpusMismatch { .. })));
-        let bad = SwarmSettings { preset: "huge".into(), ..Default::default() };
-        assert!(matches!(build_manifest(&bad, &key, 0), Err(GenesisError::UnknownPreset(_))));
+        assert!(matches!(
+            load_corpus(&other, None),
+            Err(GenesisError::CorpusMismatch { .. })
+        ));
+        let bad = SwarmSettings {
+            preset: "huge".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            build_manifest(&bad, &key, 0),
+            Err(GenesisError::UnknownPreset(_))
+        ));
     }
 }

@@ -12,9 +12,17 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum KeyError {
     #[error("cannot read key file {path}")]
-    Read { path: String, #[source] source: std::io::Error },
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot write key file {path}")]
-    Write { path: String, #[source] source: std::io::Error },
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("key file {path} is not a nightshift key: {reason}")]
     Malformed { path: String, reason: String },
     #[error("no randomness available")]
@@ -47,9 +55,18 @@ fn getrandom_fill(buf: &mut [u8]) -> std::io::Result<()> {
 /// # Errors
 /// On I/O failure.
 pub fn write_key(path: &Path, key: &SigningKey) -> Result<(), KeyError> {
-    let file = KeyFile { secret: hex::encode(key.to_bytes()), public: hex::encode(key.verifying_key().to_bytes()) };
-    let text = serde_json::to_string_pretty(&file).map_err(|e| KeyError::Malformed { path: path.display().to_string(), reason: e.to_string() })?;
-    let w = |source| KeyError::Write { path: path.display().to_string(), source };
+    let file = KeyFile {
+        secret: hex::encode(key.to_bytes()),
+        public: hex::encode(key.verifying_key().to_bytes()),
+    };
+    let text = serde_json::to_string_pretty(&file).map_err(|e| KeyError::Malformed {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let w = |source| KeyError::Write {
+        path: path.display().to_string(),
+        source,
+    };
     std::fs::write(path, text + "\n").map_err(w)?;
     #[cfg(unix)]
     {
@@ -65,11 +82,18 @@ pub fn write_key(path: &Path, key: &SigningKey) -> Result<(), KeyError> {
 /// When the file is missing or malformed, or its public key does not match its secret.
 pub fn read_key(path: &Path) -> Result<SigningKey, KeyError> {
     let p = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| KeyError::Read { path: p.clone(), source })?;
-    let bad = |reason: String| KeyError::Malformed { path: p.clone(), reason };
+    let text = std::fs::read_to_string(path).map_err(|source| KeyError::Read {
+        path: p.clone(),
+        source,
+    })?;
+    let bad = |reason: String| KeyError::Malformed {
+        path: p.clone(),
+        reason,
+    };
     let file: KeyFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     let mut secret = [0u8; 32];
-    hex::decode_to_slice(file.secret.trim(), &mut secret).map_err(|e| bad(format!("secret: {e}")))?;
+    hex::decode_to_slice(file.secret.trim(), &mut secret)
+        .map_err(|e| bad(format!("secret: {e}")))?;
     let key = SigningKey::from_bytes(&secret);
     if hex::encode(key.verifying_key().to_bytes()) != file.public.trim().to_ascii_lowercase() {
         return Err(bad("public key does not match the secret".into()));

@@ -12,5 +12,7 @@
 pub mod genesis;
 pub mod keys;
 
-pub use genesis::{GenesisError, SwarmSettings, build_manifest, genesis_state, load_corpus, model_config};
+pub use genesis::{
+    GenesisError, SwarmSettings, build_manifest, genesis_state, load_corpus, model_config,
+};
 pub use keys::{KeyError, generate_key, read_key, write_key};

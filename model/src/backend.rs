@@ -19,9 +19,13 @@ pub type CudaTrain = Autodiff<Cuda>;
 
 /// Whether an NVIDIA driver can be loaded on this machine.
 pub fn cuda_available() -> bool {
-    ["libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"]
-        .iter()
-        .any(|p| std::path::Path::new(p).exists())
+    [
+        "libcuda.so.1",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists())
         || std::env::var_os("LD_LIBRARY_PATH").is_some_and(|dirs| {
             std::env::split_paths(&dirs).any(|d| d.join("libcuda.so.1").exists())
         })

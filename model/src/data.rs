@@ -17,7 +17,9 @@ pub const EMBEDDED_NAME: &str = "embedded:shakespeare";
 pub enum DataError {
     #[error("the corpus is not UTF-8 text (invalid byte at offset {0})")]
     NotUtf8(usize),
-    #[error("the corpus holds byte {byte:#04x} at offset {offset}, which is not in the swarm's vocabulary")]
+    #[error(
+        "the corpus holds byte {byte:#04x} at offset {offset}, which is not in the swarm's vocabulary"
+    )]
     OutOfVocabulary { byte: u8, offset: usize },
     #[error("the corpus is too small: {tokens} tokens, need at least {needed}")]
     TooSmall { tokens: usize, needed: usize },
@@ -42,7 +44,10 @@ impl Tokenizer {
             vocab.push(b'\n');
         }
         let mut index = [None; 256];
-        vocab.iter().enumerate().for_each(|(i, b)| index[*b as usize] = Some(i as u8));
+        vocab
+            .iter()
+            .enumerate()
+            .for_each(|(i, b)| index[*b as usize] = Some(i as u8));
         Tokenizer { vocab, index }
     }
 
@@ -93,8 +98,10 @@ impl Tokenizer {
 
     /// Text of token ids (unknown ids become '?').
     pub fn decode(&self, tokens: &[u8]) -> String {
-        let bytes: Vec<u8> =
-            tokens.iter().map(|t| self.vocab.get(*t as usize).copied().unwrap_or(b'?')).collect();
+        let bytes: Vec<u8> = tokens
+            .iter()
+            .map(|t| self.vocab.get(*t as usize).copied().unwrap_or(b'?'))
+            .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 }
@@ -118,7 +125,12 @@ impl Corpus {
     /// # Errors
     /// When the text is not UTF-8, has bytes outside the vocabulary, or is too small for
     /// windows of `seq_len + 1` tokens in both parts.
-    pub fn new(text: &[u8], tok: &Tokenizer, val_permille: u32, seq_len: usize) -> Result<Self, DataError> {
+    pub fn new(
+        text: &[u8],
+        tok: &Tokenizer,
+        val_permille: u32,
+        seq_len: usize,
+    ) -> Result<Self, DataError> {
         if let Err(e) = std::str::from_utf8(text) {
             return Err(DataError::NotUtf8(e.valid_up_to()));
         }
@@ -127,7 +139,10 @@ impl Corpus {
         let split = tokens.len() - val;
         let needed = 2 * (seq_len + 1);
         if val < seq_len + 1 || split < seq_len + 1 {
-            return Err(DataError::TooSmall { tokens: tokens.len(), needed });
+            return Err(DataError::TooSmall {
+                tokens: tokens.len(),
+                needed,
+            });
         }
         Ok(Corpus { tokens, split })
     }
@@ -147,17 +162,31 @@ impl Corpus {
         let count = count.max(1);
         let index = index % count;
         let size = self.split / count;
-        let end = if index + 1 == count { self.split } else { (index + 1) * size };
-        Shard { range: index * size..end }
+        let end = if index + 1 == count {
+            self.split
+        } else {
+            (index + 1) * size
+        };
+        Shard {
+            range: index * size..end,
+        }
     }
 
     /// The whole training part as one shard.
     pub fn full_shard(&self) -> Shard {
-        Shard { range: 0..self.split }
+        Shard {
+            range: 0..self.split,
+        }
     }
 
     /// A random batch of `batch` windows of `seq` tokens from `shard`: (inputs, targets), row-major.
-    pub fn sample_batch(&self, shard: &Shard, rng: &mut impl Rng, batch: usize, seq: usize) -> (Vec<i32>, Vec<i32>) {
+    pub fn sample_batch(
+        &self,
+        shard: &Shard,
+        rng: &mut impl Rng,
+        batch: usize,
+        seq: usize,
+    ) -> (Vec<i32>, Vec<i32>) {
         let mut inputs = Vec::with_capacity(batch * seq);
         let mut targets = Vec::with_capacity(batch * seq);
         let span = shard.range.len().saturating_sub(seq + 1).max(1);
@@ -171,7 +200,12 @@ impl Corpus {
     }
 
     /// Up to `max_batches` fixed, non-overlapping validation batches (the same on every node).
-    pub fn val_batches(&self, batch: usize, seq: usize, max_batches: usize) -> Vec<(Vec<i32>, Vec<i32>)> {
+    pub fn val_batches(
+        &self,
+        batch: usize,
+        seq: usize,
+        max_batches: usize,
+    ) -> Vec<(Vec<i32>, Vec<i32>)> {
         let val = &self.tokens[self.split..];
         let windows = (val.len() - 1) / seq;
         let n_batches = (windows / batch.max(1)).clamp(1, max_batches.max(1));
@@ -224,9 +258,24 @@ mod tests {
     #[test]
     fn refuses_non_utf8_out_of_vocabulary_and_tiny_corpora() {
         let tok = Tokenizer::from_vocab(b"ab".to_vec()).unwrap();
-        assert_eq!(Corpus::new(&[0xff, 0xfe], &tok, 100, 4).unwrap_err(), DataError::NotUtf8(0));
-        assert!(matches!(Corpus::new(b"abc", &tok, 100, 4), Err(DataError::OutOfVocabulary { byte: b'c', offset: 2 })));
-        assert!(matches!(Corpus::new(b"abab", &tok, 100, 4), Err(DataError::TooSmall { .. })));
-        assert_eq!(Tokenizer::from_vocab(b"aa".to_vec()).unwrap_err(), DataError::BadVocabulary);
+        assert_eq!(
+            Corpus::new(&[0xff, 0xfe], &tok, 100, 4).unwrap_err(),
+            DataError::NotUtf8(0)
+        );
+        assert!(matches!(
+            Corpus::new(b"abc", &tok, 100, 4),
+            Err(DataError::OutOfVocabulary {
+                byte: b'c',
+                offset: 2
+            })
+        ));
+        assert!(matches!(
+            Corpus::new(b"abab", &tok, 100, 4),
+            Err(DataError::TooSmall { .. })
+        ));
+        assert_eq!(
+            Tokenizer::from_vocab(b"aa".to_vec()).unwrap_err(),
+            DataError::BadVocabulary
+        );
     }
 }

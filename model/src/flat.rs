@@ -45,7 +45,11 @@ impl<B: Backend> ModuleMapper<B> for Writer<'_, B> {
         } else {
             old.clone()
         };
-        let tensor = if old.is_require_grad() { tensor.require_grad() } else { tensor };
+        let tensor = if old.is_require_grad() {
+            tensor.require_grad()
+        } else {
+            tensor
+        };
         Param::from_mapped_value(id, tensor, mapper)
     }
 }
@@ -57,7 +61,9 @@ pub fn num_params<B: Backend, M: Module<B>>(module: &M) -> usize {
 
 /// Reads every float parameter of `module`, in field order.
 pub fn flatten<B: Backend, M: Module<B>>(module: &M) -> Vec<f32> {
-    let mut r = Reader { out: Vec::with_capacity(module.num_params()) };
+    let mut r = Reader {
+        out: Vec::with_capacity(module.num_params()),
+    };
     module.visit(&mut r);
     r.out
 }
@@ -75,12 +81,23 @@ pub struct LengthMismatch {
 /// # Errors
 /// When `values` does not have exactly as many values as the module has parameters (the module
 /// is dropped then: check [`Module::num_params`] first to keep it).
-pub fn unflatten<B: Backend, M: Module<B>>(module: M, values: &[f32], device: &B::Device) -> Result<M, LengthMismatch> {
+pub fn unflatten<B: Backend, M: Module<B>>(
+    module: M,
+    values: &[f32],
+    device: &B::Device,
+) -> Result<M, LengthMismatch> {
     let expected = module.num_params();
     if values.len() != expected {
-        return Err(LengthMismatch { got: values.len(), expected });
+        return Err(LengthMismatch {
+            got: values.len(),
+            expected,
+        });
     }
-    let mut w = Writer::<B> { values, offset: 0, device: device.clone() };
+    let mut w = Writer::<B> {
+        values,
+        offset: 0,
+        device: device.clone(),
+    };
     Ok(module.map(&mut w))
 }
 
@@ -104,7 +121,10 @@ impl<B: Backend> ModuleVisitor<B> for Namer {
 
 /// Dotted names and sizes of every float parameter, in field order.
 pub fn param_names<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, usize)> {
-    let mut n = Namer { path: vec![], leaves: vec![] };
+    let mut n = Namer {
+        path: vec![],
+        leaves: vec![],
+    };
     module.visit(&mut n);
     n.leaves
 }

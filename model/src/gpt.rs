@@ -2,7 +2,9 @@
 
 use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::transformer::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput};
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
 
@@ -31,10 +33,25 @@ impl GptConfig {
     pub fn preset(name: &str, vocab: usize) -> Option<Self> {
         let c = GptConfig::new(vocab);
         Some(match name {
-            "tiny" => c.with_d_model(32).with_n_layers(1).with_n_heads(2).with_d_ff(64).with_seq_len(32),
+            "tiny" => c
+                .with_d_model(32)
+                .with_n_layers(1)
+                .with_n_heads(2)
+                .with_d_ff(64)
+                .with_seq_len(32),
             "small" => c,
-            "medium" => c.with_d_model(384).with_n_layers(6).with_n_heads(6).with_d_ff(1536).with_seq_len(256),
-            "large" => c.with_d_model(768).with_n_layers(12).with_n_heads(12).with_d_ff(3072).with_seq_len(512),
+            "medium" => c
+                .with_d_model(384)
+                .with_n_layers(6)
+                .with_n_heads(6)
+                .with_d_ff(1536)
+                .with_seq_len(256),
+            "large" => c
+                .with_d_model(768)
+                .with_n_layers(12)
+                .with_n_heads(12)
+                .with_d_ff(3072)
+                .with_seq_len(512),
             _ => return None,
         })
     }
@@ -45,10 +62,15 @@ impl GptConfig {
         Gpt {
             tok: EmbeddingConfig::new(self.vocab, self.d_model).init(device),
             pos: EmbeddingConfig::new(self.seq_len, self.d_model).init(device),
-            blocks: TransformerEncoderConfig::new(self.d_model, self.d_ff, self.n_heads, self.n_layers)
-                .with_norm_first(true)
-                .with_dropout(0.0)
-                .init(device),
+            blocks: TransformerEncoderConfig::new(
+                self.d_model,
+                self.d_ff,
+                self.n_heads,
+                self.n_layers,
+            )
+            .with_norm_first(true)
+            .with_dropout(0.0)
+            .init(device),
             norm: LayerNormConfig::new(self.d_model).init(device),
             head: LinearConfig::new(self.d_model, self.vocab).init(device),
             seq_len: self.seq_len,
@@ -81,7 +103,9 @@ impl<B: Backend> Gpt<B> {
             .expand([batch, seq]);
         let x = self.tok.forward(tokens) + self.pos.forward(positions);
         let mask = generate_autoregressive_mask::<B>(batch, seq, &device);
-        let x = self.blocks.forward(TransformerEncoderInput::new(x).mask_attn(mask));
+        let x = self
+            .blocks
+            .forward(TransformerEncoderInput::new(x).mask_attn(mask));
         self.head.forward(self.norm.forward(x))
     }
 
@@ -94,7 +118,10 @@ impl<B: Backend> Gpt<B> {
         let logits = self.forward(inputs);
         let [batch, seq, vocab] = logits.dims();
         let loss = CrossEntropyLossConfig::new().init(&logits.device());
-        loss.forward(logits.reshape([batch * seq, vocab]), targets.reshape([batch * seq]))
+        loss.forward(
+            logits.reshape([batch * seq, vocab]),
+            targets.reshape([batch * seq]),
+        )
     }
 
     /// The context length the model was built for.

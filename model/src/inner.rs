@@ -25,7 +25,13 @@ pub struct InnerConfig {
 
 impl Default for InnerConfig {
     fn default() -> Self {
-        InnerConfig { lr: 1e-3, warmup_steps: 50, batch_size: 16, weight_decay: 0.1, grad_clip: 1.0 }
+        InnerConfig {
+            lr: 1e-3,
+            warmup_steps: 50,
+            batch_size: 16,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+        }
     }
 }
 
@@ -54,13 +60,24 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
     ///
     /// # Errors
     /// When `params` does not fit the architecture.
-    pub fn new(model_cfg: &GptConfig, cfg: InnerConfig, params: &[f32], device: &B::Device) -> Result<Self, LengthMismatch> {
+    pub fn new(
+        model_cfg: &GptConfig,
+        cfg: InnerConfig,
+        params: &[f32],
+        device: &B::Device,
+    ) -> Result<Self, LengthMismatch> {
         let model = flat::unflatten(model_cfg.init::<B>(device), params, device)?;
         let mut adamw = AdamWConfig::new().with_weight_decay(cfg.weight_decay);
         if cfg.grad_clip > 0.0 {
             adamw = adamw.with_grad_clipping(Some(GradientClippingConfig::Norm(cfg.grad_clip)));
         }
-        Ok(InnerTrainer { model: Some(model), optim: adamw.init(), cfg, steps_taken: 0, device: device.clone() })
+        Ok(InnerTrainer {
+            model: Some(model),
+            optim: adamw.init(),
+            cfg,
+            steps_taken: 0,
+            device: device.clone(),
+        })
     }
 
     fn model(&self) -> &Gpt<B> {
@@ -85,7 +102,10 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
     pub fn load_params(&mut self, params: &[f32]) -> Result<(), LengthMismatch> {
         let expected = self.num_params();
         if params.len() != expected {
-            return Err(LengthMismatch { got: params.len(), expected });
+            return Err(LengthMismatch {
+                got: params.len(),
+                expected,
+            });
         }
         let m = self.model.take().expect("model present between steps");
         self.model = Some(flat::unflatten(m, params, &self.device)?);
@@ -109,7 +129,14 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
 
     /// Runs up to `steps` AdamW steps on random batches of `shard`. `should_stop` is checked
     /// before every step, so a yield takes effect at the next step boundary.
-    pub fn train(&mut self, corpus: &Corpus, shard: &Shard, rng: &mut impl Rng, steps: u32, should_stop: &dyn Fn() -> bool) -> InnerReport {
+    pub fn train(
+        &mut self,
+        corpus: &Corpus,
+        shard: &Shard,
+        rng: &mut impl Rng,
+        steps: u32,
+        should_stop: &dyn Fn() -> bool,
+    ) -> InnerReport {
         let seq = self.model().seq_len();
         let batch = self.cfg.batch_size;
         let mut report = InnerReport::default();
@@ -120,8 +147,10 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
                 break;
             }
             let (x, y) = corpus.sample_batch(shard, rng, batch, seq);
-            let inputs = Tensor::<B, 2, Int>::from_data(TensorData::new(x, [batch, seq]), &self.device);
-            let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(y, [batch, seq]), &self.device);
+            let inputs =
+                Tensor::<B, 2, Int>::from_data(TensorData::new(x, [batch, seq]), &self.device);
+            let targets =
+                Tensor::<B, 2, Int>::from_data(TensorData::new(y, [batch, seq]), &self.device);
             let model = self.model.take().expect("model present between steps");
             let loss = model.loss(inputs, targets);
             let grads = loss.backward();
@@ -133,7 +162,11 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
             report.steps += 1;
             report.tokens += (batch * seq) as u64;
         }
-        report.mean_loss = if report.steps == 0 { f32::NAN } else { (loss_sum / report.steps as f64) as f32 };
+        report.mean_loss = if report.steps == 0 {
+            f32::NAN
+        } else {
+            (loss_sum / report.steps as f64) as f32
+        };
         report
     }
 
@@ -160,7 +193,12 @@ mod tests {
         let corpus = Corpus::new(text, &tok, 100, 32).unwrap();
         let cfg = GptConfig::preset("tiny", tok.len()).unwrap();
         let init = flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&dev), 3);
-        let inner = InnerConfig { lr: 3e-3, warmup_steps: 5, batch_size: 8, ..Default::default() };
+        let inner = InnerConfig {
+            lr: 3e-3,
+            warmup_steps: 5,
+            batch_size: 8,
+            ..Default::default()
+        };
         let mut t = InnerTrainer::<CpuTrain>::new(&cfg, inner, &init, &dev).unwrap();
         let val = corpus.val_batches(8, 32, 4);
         let before = val_loss(&t.eval_model(), &val);
@@ -186,7 +224,8 @@ mod tests {
         let corpus = Corpus::new(text, &tok, 100, 32).unwrap();
         let cfg = GptConfig::preset("tiny", tok.len()).unwrap();
         let init = flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&dev), 3);
-        let mut t = InnerTrainer::<CpuTrain>::new(&cfg, InnerConfig::default(), &init, &dev).unwrap();
+        let mut t =
+            InnerTrainer::<CpuTrain>::new(&cfg, InnerConfig::default(), &init, &dev).unwrap();
         let calls = std::cell::Cell::new(0);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
         let r = t.train(&corpus, &corpus.full_shard(), &mut rng, 10, &|| {

@@ -20,7 +20,9 @@ pub fn weighted_average(deltas: &[WeightedDelta<'_>]) -> Option<Vec<f32>> {
     let mut acc = vec![0f64; len];
     for d in deltas {
         let w = d.weight.max(0.0) / total;
-        acc.iter_mut().zip(d.delta).for_each(|(a, x)| *a += w * *x as f64);
+        acc.iter_mut()
+            .zip(d.delta)
+            .for_each(|(a, x)| *a += w * *x as f64);
     }
     Some(acc.into_iter().map(|a| a as f32).collect())
 }
@@ -37,7 +39,11 @@ pub struct OuterOptimizer {
 impl OuterOptimizer {
     /// A fresh optimizer (zero momentum) for `len` parameters.
     pub fn new(lr: f32, momentum: f32, len: usize) -> Self {
-        OuterOptimizer { lr, momentum, buf: vec![0.0; len] }
+        OuterOptimizer {
+            lr,
+            momentum,
+            buf: vec![0.0; len],
+        }
     }
 
     /// θ ← θ − lr·(Δ + μ·b) with b ← μ·b + Δ (PyTorch's SGD with `nesterov=True`).
@@ -60,7 +66,10 @@ impl ErrorFeedback {
     /// Adds the carried residual to `delta` in place.
     pub fn compensate(&mut self, delta: &mut [f32]) {
         if self.residual.len() == delta.len() {
-            delta.iter_mut().zip(&self.residual).for_each(|(d, r)| *d += r);
+            delta
+                .iter_mut()
+                .zip(&self.residual)
+                .for_each(|(d, r)| *d += r);
         }
     }
 
@@ -79,13 +88,25 @@ mod tests {
         let a = [1.0f32, 0.0];
         let b = [0.0f32, 4.0];
         let avg = weighted_average(&[
-            WeightedDelta { delta: &a, weight: 300.0 },
-            WeightedDelta { delta: &b, weight: 100.0 },
+            WeightedDelta {
+                delta: &a,
+                weight: 300.0,
+            },
+            WeightedDelta {
+                delta: &b,
+                weight: 100.0,
+            },
         ])
         .unwrap();
         assert_eq!(avg, vec![0.75, 1.0]);
         assert!(weighted_average(&[]).is_none());
-        assert!(weighted_average(&[WeightedDelta { delta: &a, weight: 0.0 }]).is_none());
+        assert!(
+            weighted_average(&[WeightedDelta {
+                delta: &a,
+                weight: 0.0
+            }])
+            .is_none()
+        );
     }
 
     #[test]
@@ -110,10 +131,14 @@ mod tests {
     fn error_feedback_loses_nothing_over_rounds() {
         use nightshift_test_codec::lossy;
         let deltas: Vec<Vec<f32>> = (0..20)
-            .map(|r| (0..50).map(|i| ((r * 50 + i) as f32 * 0.77).sin() * 0.01).collect())
+            .map(|r| {
+                (0..50)
+                    .map(|i| ((r * 50 + i) as f32 * 0.77).sin() * 0.01)
+                    .collect()
+            })
             .collect();
         let mut ef = ErrorFeedback::default();
-        let mut sent_sum = vec![0f32; 50];
+        let mut sent_sum = [0f32; 50];
         for d in &deltas {
             let mut c = d.clone();
             ef.compensate(&mut c);

@@ -31,11 +31,16 @@ pub struct BootstrapOptions {
 /// # Errors
 /// On a manifest that does not verify or a network that cannot start.
 pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
-    opts.manifest.verify().context("the swarm manifest does not verify")?;
+    opts.manifest
+        .verify()
+        .context("the swarm manifest does not verify")?;
     let m = &opts.manifest.manifest;
     let swarm_id = opts.manifest.swarm_id();
     let genesis = nightshift_bootstrap::genesis_state(m);
-    anyhow::ensure!(genesis.hash() == m.initial_state_hash, "this build computes a different genesis state than the manifest's");
+    anyhow::ensure!(
+        genesis.hash() == m.initial_state_hash,
+        "this build computes a different genesis state than the manifest's"
+    );
     let n = genesis.params.len();
     let mut served = Served::new(Some(opts.manifest.clone()));
     served.status = Some(Status {
@@ -48,7 +53,8 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
     });
     served.genesis = Some(Arc::new(genesis));
     let served = Arc::new(RwLock::new(served));
-    let max_frame = (4 * nightshift_protocol::delta::dense_bytes(n) + (1 << 20)).min(nightshift_protocol::MAX_MESSAGE_BYTES);
+    let max_frame = (4 * nightshift_protocol::delta::dense_bytes(n) + (1 << 20))
+        .min(nightshift_protocol::MAX_MESSAGE_BYTES);
     let (net, mut events) = net::spawn_network(
         net::libp2p_keypair(&opts.key),
         net::protocol_names(&swarm_id),
@@ -66,12 +72,16 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let first = addrs.first().context("the bootstrap node got no listen address")?;
+    let first = addrs
+        .first()
+        .context("the bootstrap node got no listen address")?;
     info!(swarm = %swarm_id, address = %first, "bootstrap node ready");
     println!("{first}");
     if let Some(path) = &opts.addr_file {
         let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, format!("{first}\n")).and_then(|_| std::fs::rename(&tmp, path)).with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(&tmp, format!("{first}\n"))
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     let mut shutdown = opts.shutdown;
     loop {

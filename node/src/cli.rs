@@ -188,7 +188,8 @@ pub fn shutdown_signal() -> watch::Receiver<bool> {
     tokio::spawn(async move {
         #[cfg(unix)]
         {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
@@ -207,9 +208,12 @@ pub fn shutdown_signal() -> watch::Receiver<bool> {
 /// # Errors
 /// When it cannot be read, parsed or verified.
 pub fn read_manifest(path: &Path) -> anyhow::Result<SignedManifest> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read manifest {}", path.display()))?;
-    let m: SignedManifest = serde_json::from_str(&text).with_context(|| format!("{} is not a nightshift manifest", path.display()))?;
-    m.verify().with_context(|| format!("manifest {} does not verify", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read manifest {}", path.display()))?;
+    let m: SignedManifest = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a nightshift manifest", path.display()))?;
+    m.verify()
+        .with_context(|| format!("manifest {} does not verify", path.display()))?;
     Ok(m)
 }
 
@@ -218,12 +222,16 @@ fn parse_public_key(s: &str) -> anyhow::Result<[u8; 32]> {
         return Ok(read_key(Path::new(s))?.verifying_key().to_bytes());
     }
     let mut k = [0u8; 32];
-    hex::decode_to_slice(s.trim(), &mut k).with_context(|| format!("{s:?} is neither a key file nor a 64-hex public key"))?;
+    hex::decode_to_slice(s.trim(), &mut k)
+        .with_context(|| format!("{s:?} is neither a key file nor a 64-hex public key"))?;
     Ok(k)
 }
 
 fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Runs a parsed command.
@@ -235,12 +243,21 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => crate::demo::run_demo(args, shutdown_signal()).await,
         Command::Keygen { out } => {
             if out.exists() {
-                bail!("{} already exists; refusing to overwrite a key", out.display());
+                bail!(
+                    "{} already exists; refusing to overwrite a key",
+                    out.display()
+                );
             }
             let key = generate_key()?;
             write_key(&out, &key)?;
-            println!("public key: {}", hex::encode(key.verifying_key().to_bytes()));
-            println!("peer id:    {}", crate::net::libp2p_keypair(&key).public().to_peer_id());
+            println!(
+                "public key: {}",
+                hex::encode(key.verifying_key().to_bytes())
+            );
+            println!(
+                "peer id:    {}",
+                crate::net::libp2p_keypair(&key).public().to_peer_id()
+            );
             Ok(())
         }
         Command::Swarm(SwarmCommand::Init(a)) => {
@@ -254,24 +271,41 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
                     k
                 }
             };
-            let allow = a.allow.iter().map(|s| parse_public_key(s)).collect::<anyhow::Result<Vec<_>>>()?;
+            let allow = a
+                .allow
+                .iter()
+                .map(|s| parse_public_key(s))
+                .collect::<anyhow::Result<Vec<_>>>()?;
             let m = build_manifest(&a.swarm.settings(&a.name, allow), &key, unix_now())?;
-            std::fs::write(&a.out, serde_json::to_string_pretty(&m)?).with_context(|| format!("cannot write {}", a.out.display()))?;
+            std::fs::write(&a.out, serde_json::to_string_pretty(&m)?)
+                .with_context(|| format!("cannot write {}", a.out.display()))?;
             println!("swarm id: {}", m.swarm_id());
             println!("manifest: {}", a.out.display());
             Ok(())
         }
         Command::Bootstrap(a) => {
             let manifest = read_manifest(&a.manifest)?;
-            let key = match &a.key { Some(p) => read_key(p)?, None => generate_key()? };
-            run_bootstrap(BootstrapOptions { manifest, key, listen: a.listen, peers: a.peer, addr_file: a.addr_file, shutdown: shutdown_signal() }).await
+            let key = match &a.key {
+                Some(p) => read_key(p)?,
+                None => generate_key()?,
+            };
+            run_bootstrap(BootstrapOptions {
+                manifest,
+                key,
+                listen: a.listen,
+                peers: a.peer,
+                addr_file: a.addr_file,
+                shutdown: shutdown_signal(),
+            })
+            .await
         }
         Command::Run(a) => run(a).await,
     }
 }
 
 async fn run(a: RunArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&a.data_dir).with_context(|| format!("cannot create {}", a.data_dir.display()))?;
+    std::fs::create_dir_all(&a.data_dir)
+        .with_context(|| format!("cannot create {}", a.data_dir.display()))?;
     let key = match &a.key {
         Some(p) => read_key(p)?,
         None => identity_from_store(&a.data_dir)?,
@@ -282,9 +316,14 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             let id = Hash32::from_hex(id).context("--swarm must be 64 hex characters")?;
             fetch_manifest(&a.bootstrap, id).await?
         }
-        (None, None) => match Store::open(&a.data_dir.join("db")).ok().and_then(|s| s.manifest().ok().flatten()) {
+        (None, None) => match Store::open(&a.data_dir.join("db"))
+            .ok()
+            .and_then(|s| s.manifest().ok().flatten())
+        {
             Some(m) => m,
-            None => bail!("give --manifest FILE, or --swarm ID to fetch it from the bootstrap node"),
+            None => {
+                bail!("give --manifest FILE, or --swarm ID to fetch it from the bootstrap node")
+            }
         },
     };
     run_trainer(TrainerOptions {
@@ -324,7 +363,9 @@ async fn fetch_manifest(bootstrap: &[Multiaddr], id: Hash32) -> anyhow::Result<S
         served,
     )?;
     for addr in bootstrap {
-        let Some(Protocol::P2p(peer)) = addr.iter().last() else { continue };
+        let Some(Protocol::P2p(peer)) = addr.iter().last() else {
+            continue;
+        };
         for _ in 0..50 {
             if net.connected().await.contains(&peer) {
                 break;
@@ -333,7 +374,11 @@ async fn fetch_manifest(bootstrap: &[Multiaddr], id: Hash32) -> anyhow::Result<S
         }
         if let Ok(Response::Manifest(Some(m))) = net.request(peer, Request::GetManifest).await {
             if m.swarm_id() != id {
-                bail!("the bootstrap node serves swarm {}, not {}", m.swarm_id().short(), id.short());
+                bail!(
+                    "the bootstrap node serves swarm {}, not {}",
+                    m.swarm_id().short(),
+                    id.short()
+                );
             }
             m.verify()?;
             return Ok(m);

@@ -80,7 +80,8 @@ fn exe() -> anyhow::Result<PathBuf> {
 }
 
 fn spawn(args: &[String], log: &Path) -> anyhow::Result<Child> {
-    let log = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+    let log =
+        std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
     Command::new(exe()?)
         .args(args)
         .stdin(Stdio::null())
@@ -92,9 +93,17 @@ fn spawn(args: &[String], log: &Path) -> anyhow::Result<Child> {
 }
 
 /// Builds the report from the nodes' event files.
-pub fn build_report(events: &[Vec<NodeEvent>], codec: &str, inner_steps: u32, swarm_id: &str, wall_secs: f64) -> Option<Report> {
+pub fn build_report(
+    events: &[Vec<NodeEvent>],
+    codec: &str,
+    inner_steps: u32,
+    swarm_id: &str,
+    wall_secs: f64,
+) -> Option<Report> {
     let initial = events.iter().flatten().find_map(|e| match e {
-        NodeEvent::Started { val_loss, round: 0, .. } => Some(*val_loss),
+        NodeEvent::Started {
+            val_loss, round: 0, ..
+        } => Some(*val_loss),
         _ => None,
     })?;
     // Final hash per (round, node): the last RoundCompleted or Synced for that round.
@@ -107,15 +116,22 @@ pub fn build_report(events: &[Vec<NodeEvent>], codec: &str, inner_steps: u32, sw
                     records.entry(r.round).or_default().push(r.clone());
                     (r.round, r.state_hash.clone())
                 }
-                NodeEvent::Synced { round, state_hash, .. } => (*round, state_hash.clone()),
+                NodeEvent::Synced {
+                    round, state_hash, ..
+                } => (*round, state_hash.clone()),
                 _ => continue,
             };
-            hashes.entry(round).or_insert_with(|| vec![None; events.len()])[i] = Some(hash);
+            hashes
+                .entry(round)
+                .or_insert_with(|| vec![None; events.len()])[i] = Some(hash);
         }
     }
     let mut rounds = vec![];
     for (round, recs) in &records {
-        let hs: Vec<&String> = hashes.get(round).map(|v| v.iter().flatten().collect()).unwrap_or_default();
+        let hs: Vec<&String> = hashes
+            .get(round)
+            .map(|v| v.iter().flatten().collect())
+            .unwrap_or_default();
         let agreed = !hs.is_empty() && hs.iter().all(|h| *h == hs[0]);
         let n = recs.len() as f64;
         let mean = |f: fn(&RoundRecord) -> f64| recs.iter().map(f).sum::<f64>() / n;
@@ -137,7 +153,11 @@ pub fn build_report(events: &[Vec<NodeEvent>], codec: &str, inner_steps: u32, sw
     }
     let all: Vec<&RoundRecord> = records.values().flatten().collect();
     let dense = all.first().map(|r| r.dense_delta_bytes).unwrap_or(0);
-    let wire = if all.is_empty() { 0 } else { all.iter().map(|r| r.wire_delta_bytes).sum::<u64>() / all.len() as u64 };
+    let wire = if all.is_empty() {
+        0
+    } else {
+        all.iter().map(|r| r.wire_delta_bytes).sum::<u64>() / all.len() as u64
+    };
     Some(Report {
         nodes: events.len(),
         final_val_loss: rounds.last().map(|r| r.val_loss).unwrap_or(initial),
@@ -145,7 +165,11 @@ pub fn build_report(events: &[Vec<NodeEvent>], codec: &str, inner_steps: u32, sw
         rounds,
         dense_delta_bytes: dense,
         wire_delta_bytes: wire,
-        compression_ratio: if wire > 0 { dense as f64 / wire as f64 } else { 0.0 },
+        compression_ratio: if wire > 0 {
+            dense as f64 / wire as f64
+        } else {
+            0.0
+        },
         codec: codec.into(),
         inner_steps,
         swarm_id: swarm_id.into(),
@@ -155,33 +179,65 @@ pub fn build_report(events: &[Vec<NodeEvent>], codec: &str, inner_steps: u32, sw
 
 /// A small SVG line chart of validation loss against round.
 pub fn loss_svg(initial: f32, rounds: &[(u64, f32)]) -> String {
-    let pts: Vec<(f64, f64)> = std::iter::once((0.0, initial as f64)).chain(rounds.iter().map(|(r, l)| (*r as f64, *l as f64))).collect();
+    let pts: Vec<(f64, f64)> = std::iter::once((0.0, initial as f64))
+        .chain(rounds.iter().map(|(r, l)| (*r as f64, *l as f64)))
+        .collect();
     let (w, h, m) = (640.0, 400.0, 60.0);
     let xmax = pts.iter().map(|p| p.0).fold(1.0, f64::max);
     let ymin = pts.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
     let ymax = pts.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
-    let (ymin, ymax) = if (ymax - ymin).abs() < 1e-9 { (ymin - 0.5, ymax + 0.5) } else { (ymin, ymax) };
+    let (ymin, ymax) = if (ymax - ymin).abs() < 1e-9 {
+        (ymin - 0.5, ymax + 0.5)
+    } else {
+        (ymin, ymax)
+    };
     let sx = |x: f64| m + x / xmax * (w - 2.0 * m);
     let sy = |y: f64| h - m - (y - ymin) / (ymax - ymin) * (h - 2.0 * m);
-    let line: Vec<String> = pts.iter().map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y))).collect();
+    let line: Vec<String> = pts
+        .iter()
+        .map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y)))
+        .collect();
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
          <text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">nightshift demo: validation loss per round</text>\n\
          <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n",
-        w / 2.0, h - m, w - m, h - m, h - m
+        w / 2.0,
+        h - m,
+        w - m,
+        h - m,
+        h - m
     );
     for i in 0..=4 {
         let y = ymin + (ymax - ymin) * i as f64 / 4.0;
-        s += &format!("<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{y:.3}</text>\n", m - 6.0, sy(y) + 4.0);
+        s += &format!(
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{y:.3}</text>\n",
+            m - 6.0,
+            sy(y) + 4.0
+        );
     }
     for (x, _) in &pts {
-        s += &format!("<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{x}</text>\n", sx(*x), h - m + 18.0);
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{x}</text>\n",
+            sx(*x),
+            h - m + 18.0
+        );
     }
-    s += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">round</text>\n", w / 2.0, h - 12.0);
-    s += &format!("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n", line.join(" "));
+    s += &format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">round</text>\n",
+        w / 2.0,
+        h - 12.0
+    );
+    s += &format!(
+        "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n",
+        line.join(" ")
+    );
     for (x, y) in &pts {
-        s += &format!("<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#1f77b4\"/>\n", sx(*x), sy(*y));
+        s += &format!(
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#1f77b4\"/>\n",
+            sx(*x),
+            sy(*y)
+        );
     }
     s + "</svg>\n"
 }
@@ -229,7 +285,10 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
         allow.push(k.verifying_key().to_bytes());
     }
     let settings = args.swarm.settings("demo", allow);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let manifest = nightshift_bootstrap::build_manifest(&settings, &creator, now)?;
     let mpath = dir.join("manifest.json");
     std::fs::write(&mpath, serde_json::to_string_pretty(&manifest)?)?;
@@ -237,7 +296,14 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     let m = &manifest.manifest.model;
     println!(
         "nightshift demo: {} nodes, {} rounds of H={} inner steps, codec {}, model d={} L={} ({} symbols), corpus {}",
-        args.nodes, args.rounds, settings.inner_steps, settings.codec, m.d_model, m.n_layers, m.vocab.len(), manifest.manifest.training.data.name
+        args.nodes,
+        args.rounds,
+        settings.inner_steps,
+        settings.codec,
+        m.d_model,
+        m.n_layers,
+        m.vocab.len(),
+        manifest.manifest.training.data.name
     );
     println!("swarm {}   work dir {}", &swarm_id[..16], dir.display());
 
@@ -246,7 +312,15 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     let _ = std::fs::remove_file(&addr_file);
     let s = |p: &Path| p.display().to_string();
     let mut boot = spawn(
-        &["bootstrap".into(), "--manifest".into(), s(&mpath), "--listen".into(), "/ip4/127.0.0.1/tcp/0".into(), "--addr-file".into(), s(&addr_file)],
+        &[
+            "bootstrap".into(),
+            "--manifest".into(),
+            s(&mpath),
+            "--listen".into(),
+            "/ip4/127.0.0.1/tcp/0".into(),
+            "--addr-file".into(),
+            s(&addr_file),
+        ],
         &dir.join("bootstrap.log"),
     )?;
     let boot_addr = loop {
@@ -254,7 +328,10 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
             break a.trim().to_string();
         }
         if let Some(st) = boot.try_wait()? {
-            bail!("the bootstrap node exited ({st}); see {}", dir.join("bootstrap.log").display());
+            bail!(
+                "the bootstrap node exited ({st}); see {}",
+                dir.join("bootstrap.log").display()
+            );
         }
         if started.elapsed() > Duration::from_secs(30) {
             bail!("the bootstrap node did not come up within 30 s");
@@ -269,10 +346,25 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
         let ev = dir.join(format!("node{i}.events.jsonl"));
         let _ = std::fs::remove_file(&ev);
         let mut a: Vec<String> = vec![
-            "run".into(), "--manifest".into(), s(&mpath), "--key".into(), s(&dir.join(format!("node{i}.key.json"))),
-            "--bootstrap".into(), boot_addr.clone(), "--listen".into(), "/ip4/127.0.0.1/tcp/0".into(),
-            "--data-dir".into(), s(&dir.join(format!("node{i}"))), "--rounds".into(), args.rounds.to_string(),
-            "--events".into(), s(&ev), "--shard".into(), format!("{i}/{}", args.nodes), "--min-peers".into(), (args.nodes - 1).to_string(),
+            "run".into(),
+            "--manifest".into(),
+            s(&mpath),
+            "--key".into(),
+            s(&dir.join(format!("node{i}.key.json"))),
+            "--bootstrap".into(),
+            boot_addr.clone(),
+            "--listen".into(),
+            "/ip4/127.0.0.1/tcp/0".into(),
+            "--data-dir".into(),
+            s(&dir.join(format!("node{i}"))),
+            "--rounds".into(),
+            args.rounds.to_string(),
+            "--events".into(),
+            s(&ev),
+            "--shard".into(),
+            format!("{i}/{}", args.nodes),
+            "--min-peers".into(),
+            (args.nodes - 1).to_string(),
         ];
         if let Some(d) = &args.swarm.data {
             a.extend(["--data".into(), s(d)]);
@@ -282,19 +374,26 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     }
 
     let pb = ProgressBar::new(args.rounds);
-    pb.set_style(ProgressStyle::with_template("{spinner} round {pos}/{len} [{elapsed_precise}] {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} round {pos}/{len} [{elapsed_precise}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
     pb.enable_steady_tick(Duration::from_millis(200));
     pb.set_message("waiting for the nodes to find each other");
-    say(&pb, format!("{:>5}  {:>8}  {:>6}  {:>9}  {:>11}  {:>7}  {:>6}", "round", "val loss", "nodes", "tokens/s", "sent/node", "ratio", "agreed"));
+    say(
+        &pb,
+        format!(
+            "{:>5}  {:>8}  {:>6}  {:>9}  {:>11}  {:>7}  {:>6}",
+            "round", "val loss", "nodes", "tokens/s", "sent/node", "ratio", "agreed"
+        ),
+    );
     let mut shown = 0u64;
     let mut initial_shown = false;
     let limit = Duration::from_secs(args.timeout_secs);
     let mut interrupted = false;
     loop {
         let events: Vec<Vec<NodeEvent>> = event_files.iter().map(|p| read_events(p)).collect();
-        if !initial_shown
-            && let Some(r) = build_report(&events, "", 0, "", 0.0)
-        {
+        if !initial_shown && let Some(r) = build_report(&events, "", 0, "", 0.0) {
             say(&pb, format!("{:>5}  {:>8.4}", 0, r.initial_val_loss));
             initial_shown = true;
         }
@@ -302,17 +401,40 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
             let from = shown;
             for row in r.rounds.iter().filter(|row| row.round > from) {
                 // Print a round once every running node has reported it.
-                let reported = events.iter().filter(|e| e.iter().any(|x| matches!(x, NodeEvent::RoundCompleted(rr) if rr.round == row.round))).count();
+                let reported = events
+                    .iter()
+                    .filter(|e| {
+                        e.iter().any(
+                            |x| matches!(x, NodeEvent::RoundCompleted(rr) if rr.round == row.round),
+                        )
+                    })
+                    .count();
                 let running = children.len();
-                if reported < running && children.iter_mut().all(|c| matches!(c.try_wait(), Ok(None))) {
+                if reported < running
+                    && children
+                        .iter_mut()
+                        .all(|c| matches!(c.try_wait(), Ok(None)))
+                {
                     break;
                 }
-                let ratio = if r.wire_delta_bytes > 0 { r.dense_delta_bytes as f64 / r.wire_delta_bytes as f64 } else { 0.0 };
-                say(&pb, format!(
-                    "{:>5}  {:>8.4}  {:>6}  {:>9.0}  {:>11}  {:>6.1}x  {:>6}",
-                    row.round, row.val_loss, row.contributors, row.tokens_per_sec, human_bytes(row.bytes_sent), ratio,
-                    if row.state_hash_agreed { "yes" } else { "NO" }
-                ));
+                let ratio = if r.wire_delta_bytes > 0 {
+                    r.dense_delta_bytes as f64 / r.wire_delta_bytes as f64
+                } else {
+                    0.0
+                };
+                say(
+                    &pb,
+                    format!(
+                        "{:>5}  {:>8.4}  {:>6}  {:>9.0}  {:>11}  {:>6.1}x  {:>6}",
+                        row.round,
+                        row.val_loss,
+                        row.contributors,
+                        row.tokens_per_sec,
+                        human_bytes(row.bytes_sent),
+                        ratio,
+                        if row.state_hash_agreed { "yes" } else { "NO" }
+                    ),
+                );
                 shown = row.round;
                 pb.set_position(shown);
                 pb.set_message(format!("val loss {:.4}", row.val_loss));
@@ -324,7 +446,10 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
                 None => all_done = false,
                 Some(st) if !st.success() && !interrupted => {
                     pb.abandon();
-                    bail!("node {i} exited with {st}; see {}", dir.join(format!("node{i}.log")).display());
+                    bail!(
+                        "node {i} exited with {st}; see {}",
+                        dir.join(format!("node{i}.log")).display()
+                    );
                 }
                 Some(_) => {}
             }
@@ -334,7 +459,11 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
         }
         if started.elapsed() > limit {
             pb.abandon();
-            bail!("the demo did not finish within {} s; logs are in {}", args.timeout_secs, dir.display());
+            bail!(
+                "the demo did not finish within {} s; logs are in {}",
+                args.timeout_secs,
+                dir.display()
+            );
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
@@ -350,23 +479,46 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     let _ = boot.wait().await;
 
     let events: Vec<Vec<NodeEvent>> = event_files.iter().map(|p| read_events(p)).collect();
-    let report = build_report(&events, &settings.codec.to_string(), settings.inner_steps, &swarm_id, started.elapsed().as_secs_f64())
-        .context("the nodes reported nothing")?;
+    let report = build_report(
+        &events,
+        &settings.codec.to_string(),
+        settings.inner_steps,
+        &swarm_id,
+        started.elapsed().as_secs_f64(),
+    )
+    .context("the nodes reported nothing")?;
     let plot = args.plot.clone().unwrap_or_else(|| dir.join("loss.svg"));
-    let pts: Vec<(u64, f32)> = report.rounds.iter().map(|r| (r.round, r.val_loss)).collect();
-    std::fs::write(&plot, loss_svg(report.initial_val_loss, &pts)).with_context(|| format!("cannot write {}", plot.display()))?;
+    let pts: Vec<(u64, f32)> = report
+        .rounds
+        .iter()
+        .map(|r| (r.round, r.val_loss))
+        .collect();
+    std::fs::write(&plot, loss_svg(report.initial_val_loss, &pts))
+        .with_context(|| format!("cannot write {}", plot.display()))?;
     if let Some(p) = &args.report {
-        std::fs::write(p, serde_json::to_string_pretty(&report)?).with_context(|| format!("cannot write {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", p.display()))?;
     }
     let agreed = report.rounds.iter().filter(|r| r.state_hash_agreed).count();
     let sent: u64 = report.rounds.iter().map(|r| r.bytes_sent).sum();
     println!();
     println!("summary");
-    println!("  validation loss   {:.4} -> {:.4} over {} rounds", report.initial_val_loss, report.final_val_loss, report.rounds.len());
-    println!("  state hashes      agreed on {agreed} of {} rounds", report.rounds.len());
+    println!(
+        "  validation loss   {:.4} -> {:.4} over {} rounds",
+        report.initial_val_loss,
+        report.final_val_loss,
+        report.rounds.len()
+    );
+    println!(
+        "  state hashes      agreed on {agreed} of {} rounds",
+        report.rounds.len()
+    );
     println!(
         "  delta per node    {} on the wire vs {} as fp32 ({:.1}x smaller, codec {})",
-        human_bytes(report.wire_delta_bytes), human_bytes(report.dense_delta_bytes), report.compression_ratio, report.codec
+        human_bytes(report.wire_delta_bytes),
+        human_bytes(report.dense_delta_bytes),
+        report.compression_ratio,
+        report.codec
     );
     println!("  sent per node     {} in total", human_bytes(sent));
     println!("  wall time         {:.1} s", report.wall_secs);
@@ -382,7 +534,14 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
 }
 
 fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let d = std::env::temp_dir().join(format!("nightshift-demo-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)));
+    let d = std::env::temp_dir().join(format!(
+        "nightshift-demo-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0)
+    ));
     std::fs::create_dir_all(&d)?;
     Ok(d)
 }

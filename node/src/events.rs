@@ -11,15 +11,35 @@ use std::sync::Mutex;
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum NodeEvent {
     /// The node is up and holds θ(round).
-    Started { peer_id: String, round: u64, state_hash: String, num_params: usize, val_loss: f32, resumed: bool },
+    Started {
+        peer_id: String,
+        round: u64,
+        state_hash: String,
+        num_params: usize,
+        val_loss: f32,
+        resumed: bool,
+    },
     /// Round `round - 1` completed: the node now holds θ(round).
     RoundCompleted(RoundRecord),
     /// The node replaced its state with the swarm's (catching up, or repairing a divergence).
-    Synced { round: u64, state_hash: String, from: String, reason: String },
+    Synced {
+        round: u64,
+        state_hash: String,
+        from: String,
+        reason: String,
+    },
     /// A contribution was refused.
-    Refused { round: u64, from: String, reason: String },
+    Refused {
+        round: u64,
+        from: String,
+        reason: String,
+    },
     /// The node stopped; its last checkpoint is θ(round).
-    Stopped { round: u64, state_hash: String, reason: String },
+    Stopped {
+        round: u64,
+        state_hash: String,
+        reason: String,
+    },
 }
 
 /// What one completed round looked like from one node.
@@ -62,7 +82,12 @@ impl EventSink {
     /// When the file cannot be opened for appending.
     pub fn open(path: Option<&Path>) -> std::io::Result<Self> {
         let file = match path {
-            Some(p) => Some(Mutex::new(std::fs::OpenOptions::new().create(true).append(true).open(p)?)),
+            Some(p) => Some(Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)?,
+            )),
             None => None,
         };
         Ok(EventSink { file })
@@ -71,7 +96,9 @@ impl EventSink {
     /// Writes one event line and flushes it. Failures are logged, never fatal.
     pub fn emit(&self, ev: &NodeEvent) {
         let Some(f) = &self.file else { return };
-        let Ok(line) = serde_json::to_string(ev) else { return };
+        let Ok(line) = serde_json::to_string(ev) else {
+            return;
+        };
         if let Ok(mut f) = f.lock()
             && let Err(e) = writeln!(f, "{line}").and_then(|_| f.flush())
         {
@@ -83,6 +110,10 @@ impl EventSink {
 /// Reads every event of a JSON-lines file, skipping a torn last line.
 pub fn read_events(path: &Path) -> Vec<NodeEvent> {
     std::fs::read_to_string(path)
-        .map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+        .map(|t| {
+            t.lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect()
+        })
         .unwrap_or_default()
 }

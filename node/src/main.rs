@@ -7,8 +7,14 @@ fn main() -> std::process::ExitCode {
     let cli = nightshift_node::cli::Cli::parse();
     let filter = EnvFilter::try_from_env("NIGHTSHIFT_LOG")
         .unwrap_or_else(|_| EnvFilter::new("warn,nightshift_node=info,nightshift=info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

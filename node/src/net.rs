@@ -32,5 +32,8 @@ pub fn peer_id_of(public: &[u8; 32]) -> Option<PeerId> {
 /// Protocol names of a swarm: (kad, request-response).
 pub fn protocol_names(swarm_id: &Hash32) -> (String, String) {
     let s = hex::encode(&swarm_id.0[..8]);
-    (format!("/nightshift/{s}/kad/1.0.0"), format!("/nightshift/{s}/rr/1"))
+    (
+        format!("/nightshift/{s}/kad/1.0.0"),
+        format!("/nightshift/{s}/rr/1"),
+    )
 }

@@ -11,12 +11,14 @@ use anyhow::{Context, bail};
 use burn::tensor::backend::AutodiffBackend;
 use ed25519_dalek::SigningKey;
 use libp2p::{Multiaddr, PeerId};
-use nightshift_model::{Corpus, ErrorFeedback, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer, eval};
+use nightshift_model::{
+    Corpus, ErrorFeedback, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer, eval,
+};
 use nightshift_protocol::message::Phase;
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{
-    Contribution, Hash32, NodeRole, PayloadKind, Request, Response, SignedEnvelope, SignedManifest, StateSnapshot, Status,
-    delta, wire,
+    Contribution, Hash32, NodeRole, PayloadKind, Request, Response, SignedEnvelope, SignedManifest,
+    StateSnapshot, Status, delta, wire,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -74,11 +76,16 @@ pub async fn run_trainer(opts: TrainerOptions) -> anyhow::Result<()> {
     {
         if nightshift_model::backend::cuda_available() {
             info!("using the CUDA backend");
-            return Driver::<nightshift_model::backend::CudaTrain>::start(opts, Default::default()).await;
+            return Driver::<nightshift_model::backend::CudaTrain>::start(opts, Default::default())
+                .await;
         }
         warn!("built with cuda but no NVIDIA driver found (libcuda.so.1); training on the CPU");
     }
-    Driver::<nightshift_model::backend::CpuTrain>::start(opts, nightshift_model::backend::cpu_device()).await
+    Driver::<nightshift_model::backend::CpuTrain>::start(
+        opts,
+        nightshift_model::backend::cpu_device(),
+    )
+    .await
 }
 
 /// The tensor side of a trainer; moved onto a blocking thread for every heavy call.
@@ -135,15 +142,23 @@ fn short(k: &[u8; 32]) -> String {
 impl<B: AutodiffBackend> Driver<B> {
     async fn start(opts: TrainerOptions, device: B::Device) -> anyhow::Result<()> {
         let manifest = opts.manifest;
-        manifest.verify().context("the swarm manifest does not verify")?;
+        manifest
+            .verify()
+            .context("the swarm manifest does not verify")?;
         let m = &manifest.manifest;
         let swarm_id = manifest.swarm_id();
-        std::fs::create_dir_all(&opts.data_dir).with_context(|| format!("cannot create {}", opts.data_dir.display()))?;
+        std::fs::create_dir_all(&opts.data_dir)
+            .with_context(|| format!("cannot create {}", opts.data_dir.display()))?;
         let store = Store::open(&opts.data_dir.join("db"))?;
         if let Some(stored) = store.manifest()?
             && stored.swarm_id() != swarm_id
         {
-            bail!("{} belongs to swarm {}, not {}; use another --data-dir", opts.data_dir.display(), stored.swarm_id().short(), swarm_id.short());
+            bail!(
+                "{} belongs to swarm {}, not {}; use another --data-dir",
+                opts.data_dir.display(),
+                stored.swarm_id().short(),
+                swarm_id.short()
+            );
         }
         store.set_manifest(&manifest)?;
 
@@ -151,7 +166,12 @@ impl<B: AutodiffBackend> Driver<B> {
         let text = nightshift_bootstrap::load_corpus(&m.training.data, opts.data_path.as_deref())?;
         let tok = Tokenizer::from_vocab(m.model.vocab.clone())?;
         let cfg = nightshift_bootstrap::model_config(&m.model);
-        let corpus = Arc::new(Corpus::new(&text, &tok, m.training.data.val_permille, cfg.seq_len)?);
+        let corpus = Arc::new(Corpus::new(
+            &text,
+            &tok,
+            m.training.data.val_permille,
+            cfg.seq_len,
+        )?);
         let shard = match opts.shard {
             Some((i, n)) => corpus.shard(i, n),
             None => corpus.full_shard(),
@@ -161,11 +181,21 @@ impl<B: AutodiffBackend> Driver<B> {
         // State: the checkpoint, or genesis.
         let genesis = nightshift_bootstrap::genesis_state(m);
         if genesis.hash() != m.initial_state_hash {
-            bail!("this build computes a different genesis state than the manifest's ({}); the swarm was created by an incompatible version", m.initial_state_hash.short());
+            bail!(
+                "this build computes a different genesis state than the manifest's ({}); the swarm was created by an incompatible version",
+                m.initial_state_hash.short()
+            );
         }
         let (state, resumed) = match store.checkpoint()? {
-            Some(s) if s.params.len() == genesis.params.len() && s.momentum.len() == s.params.len() => (s, true),
-            Some(_) => bail!("the checkpoint in {} does not fit this swarm's model", opts.data_dir.display()),
+            Some(s)
+                if s.params.len() == genesis.params.len() && s.momentum.len() == s.params.len() =>
+            {
+                (s, true)
+            }
+            Some(_) => bail!(
+                "the checkpoint in {} does not fit this swarm's model",
+                opts.data_dir.display()
+            ),
             None => (genesis.clone(), false),
         };
         let hash = state.hash();
@@ -179,8 +209,15 @@ impl<B: AutodiffBackend> Driver<B> {
         };
         let trainer = InnerTrainer::<B>::new(&cfg, inner, &state.params, &device)?;
         let me = opts.key.verifying_key().to_bytes();
-        let seed = u64::from_le_bytes(me[..8].try_into().unwrap_or_default()) ^ state.round.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let compute = Compute { trainer, corpus, shard, rng: ChaCha8Rng::seed_from_u64(seed), val };
+        let seed = u64::from_le_bytes(me[..8].try_into().unwrap_or_default())
+            ^ state.round.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let compute = Compute {
+            trainer,
+            corpus,
+            shard,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            val,
+        };
 
         // Network.
         let mut served = Served::new(Some(manifest.clone()));
@@ -196,8 +233,13 @@ impl<B: AutodiffBackend> Driver<B> {
             opts.bootstrap,
             served,
         )?;
-        let sink = EventSink::open(opts.events.as_deref()).context("cannot open the events file")?;
-        let outer = OuterOptimizer { lr: m.training.outer_lr, momentum: m.training.outer_momentum, buf: state.momentum.clone() };
+        let sink =
+            EventSink::open(opts.events.as_deref()).context("cannot open the events file")?;
+        let outer = OuterOptimizer {
+            lr: m.training.outer_lr,
+            momentum: m.training.outer_momentum,
+            buf: state.momentum.clone(),
+        };
         let stop = Arc::new(AtomicBool::new(false));
         {
             let stop = stop.clone();
@@ -278,7 +320,11 @@ impl<B: AutodiffBackend> Driver<B> {
             }
         };
         self.announce(Phase::Done).await;
-        self.sink.emit(&NodeEvent::Stopped { round: self.state.round, state_hash: self.hash.to_hex(), reason: reason.into() });
+        self.sink.emit(&NodeEvent::Stopped {
+            round: self.state.round,
+            state_hash: self.hash.to_hex(),
+            reason: reason.into(),
+        });
         info!(round = self.state.round, reason, "trainer stopping");
         // Keep serving a moment so that peers finishing the same round can fetch from us.
         let linger = tokio::time::sleep(Duration::from_secs(LINGER_SECS));
@@ -314,7 +360,11 @@ impl<B: AutodiffBackend> Driver<B> {
             let net = self.net.clone();
             let st = status.clone();
             tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(LOOKUP_TIMEOUT_SECS), net.request(peer, Request::Announce(st))).await;
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(LOOKUP_TIMEOUT_SECS),
+                    net.request(peer, Request::Announce(st)),
+                )
+                .await;
             });
         }
     }
@@ -322,7 +372,9 @@ impl<B: AutodiffBackend> Driver<B> {
     fn trainer_peers(&self) -> Vec<(PeerId, &Status)> {
         self.statuses
             .iter()
-            .filter(|(p, s)| s.role == NodeRole::Trainer && s.phase != Phase::Done && self.connected.contains(p))
+            .filter(|(p, s)| {
+                s.role == NodeRole::Trainer && s.phase != Phase::Done && self.connected.contains(p)
+            })
             .map(|(p, s)| (*p, s))
             .collect()
     }
@@ -333,7 +385,16 @@ impl<B: AutodiffBackend> Driver<B> {
         self.connected.extend(peers.iter().copied());
         let asks = peers.into_iter().map(|p| {
             let net = self.net.clone();
-            async move { (p, tokio::time::timeout(Duration::from_secs(LOOKUP_TIMEOUT_SECS), net.request(p, Request::GetStatus)).await) }
+            async move {
+                (
+                    p,
+                    tokio::time::timeout(
+                        Duration::from_secs(LOOKUP_TIMEOUT_SECS),
+                        net.request(p, Request::GetStatus),
+                    )
+                    .await,
+                )
+            }
         });
         for (p, r) in futures::future::join_all(asks).await {
             if let Ok(Ok(Response::Status(s))) = r {
@@ -368,7 +429,11 @@ impl<B: AutodiffBackend> Driver<B> {
                 return true;
             }
             if last_log.elapsed() > Duration::from_secs(5) {
-                info!(have = self.trainer_peers().len(), want = self.min_peers, "waiting for peers");
+                info!(
+                    have = self.trainer_peers().len(),
+                    want = self.min_peers,
+                    "waiting for peers"
+                );
                 last_log = Instant::now();
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -388,7 +453,9 @@ impl<B: AutodiffBackend> Driver<B> {
             let lagging = self
                 .trainer_peers()
                 .iter()
-                .filter(|(_, s)| s.round < r && matches!(s.phase, Phase::Training | Phase::Collecting))
+                .filter(|(_, s)| {
+                    s.round < r && matches!(s.phase, Phase::Training | Phase::Collecting)
+                })
                 .count();
             if lagging == 0 || Instant::now() >= until || self.shutting_down() {
                 break;
@@ -402,18 +469,30 @@ impl<B: AutodiffBackend> Driver<B> {
             .map(|(p, s)| (p, s.clone()))
             .collect();
         let top = active.iter().map(|(_, s)| s.round).max().unwrap_or(0);
-        let (target_round, reason) = if top > self.state.round { (top, "behind the swarm") } else { (self.state.round, "diverged from the swarm") };
-        let mut views: Vec<(Hash32, usize)> =
-            active.iter().filter(|(_, s)| s.round == target_round).map(|(_, s)| (s.state_hash, s.formed_by.len())).collect();
+        let (target_round, reason) = if top > self.state.round {
+            (top, "behind the swarm")
+        } else {
+            (self.state.round, "diverged from the swarm")
+        };
+        let mut views: Vec<(Hash32, usize)> = active
+            .iter()
+            .filter(|(_, s)| s.round == target_round)
+            .map(|(_, s)| (s.state_hash, s.formed_by.len()))
+            .collect();
         if target_round == self.state.round {
             views.push((self.hash, self.state.formed_by.len()));
         }
-        let Some(canonical) = choose_canonical(&views) else { return };
+        let Some(canonical) = choose_canonical(&views) else {
+            return;
+        };
         if target_round == self.state.round && canonical == self.hash {
             return;
         }
-        let holders: Vec<PeerId> =
-            active.iter().filter(|(_, s)| s.round == target_round && s.state_hash == canonical).map(|(p, _)| *p).collect();
+        let holders: Vec<PeerId> = active
+            .iter()
+            .filter(|(_, s)| s.round == target_round && s.state_hash == canonical)
+            .map(|(p, _)| *p)
+            .collect();
         for peer in holders {
             match self.fetch_state(peer, target_round, canonical).await {
                 Ok(snapshot) => {
@@ -423,13 +502,29 @@ impl<B: AutodiffBackend> Driver<B> {
                 Err(e) => warn!(%peer, error = %e, "state sync failed; trying another peer"),
             }
         }
-        warn!(round = target_round, "no peer could serve the swarm's state; continuing with ours");
+        warn!(
+            round = target_round,
+            "no peer could serve the swarm's state; continuing with ours"
+        );
     }
 
-    async fn fetch_state(&self, peer: PeerId, round: u64, hash: Hash32) -> anyhow::Result<StateSnapshot> {
-        let resp = self.net.request(peer, Request::GetState { round: Some(round) }).await?;
-        let Response::State(Some(s)) = resp else { bail!("peer has no state for round {round}") };
-        if s.round != round || s.params.len() != self.num_params || s.momentum.len() != self.num_params {
+    async fn fetch_state(
+        &self,
+        peer: PeerId,
+        round: u64,
+        hash: Hash32,
+    ) -> anyhow::Result<StateSnapshot> {
+        let resp = self
+            .net
+            .request(peer, Request::GetState { round: Some(round) })
+            .await?;
+        let Response::State(Some(s)) = resp else {
+            bail!("peer has no state for round {round}")
+        };
+        if s.round != round
+            || s.params.len() != self.num_params
+            || s.momentum.len() != self.num_params
+        {
             bail!("peer sent a state of the wrong round or shape");
         }
         let got = tokio::task::spawn_blocking({
@@ -438,7 +533,11 @@ impl<B: AutodiffBackend> Driver<B> {
         })
         .await?;
         if got != hash {
-            bail!("state hash {} does not match the swarm's {}", got.short(), hash.short());
+            bail!(
+                "state hash {} does not match the swarm's {}",
+                got.short(),
+                hash.short()
+            );
         }
         Ok(s)
     }
@@ -456,7 +555,12 @@ impl<B: AutodiffBackend> Driver<B> {
         }
         self.state = s;
         self.checkpoint().await;
-        self.sink.emit(&NodeEvent::Synced { round: self.state.round, state_hash: self.hash.to_hex(), from: from.to_string(), reason: reason.into() });
+        self.sink.emit(&NodeEvent::Synced {
+            round: self.state.round,
+            state_hash: self.hash.to_hex(),
+            from: from.to_string(),
+            reason: reason.into(),
+        });
         self.announce(Phase::Ready).await;
     }
 
@@ -471,12 +575,19 @@ impl<B: AutodiffBackend> Driver<B> {
 
     fn context(&self) -> (Hash32, u64, Hash32, u64) {
         let t = &self.manifest.manifest.training;
-        let max_tokens = t.inner_steps as u64 * t.batch_size as u64 * self.manifest.manifest.model.seq_len as u64;
+        let max_tokens = t.inner_steps as u64
+            * t.batch_size as u64
+            * self.manifest.manifest.model.seq_len as u64;
         (self.swarm_id, self.state.round, self.hash, max_tokens)
     }
 
     /// Verifies and records one contribution for the current round.
-    fn consider(&mut self, env: SignedEnvelope, from: PeerId, collected: &mut BTreeMap<[u8; 32], Accepted>) {
+    fn consider(
+        &mut self,
+        env: SignedEnvelope,
+        from: PeerId,
+        collected: &mut BTreeMap<[u8; 32], Accepted>,
+    ) {
         let (swarm_id, round, base_hash, max_tokens) = self.context();
         if env.header.round == round + 1 {
             if self.stash.len() < 256 {
@@ -486,18 +597,33 @@ impl<B: AutodiffBackend> Driver<B> {
         }
         let duplicate = env.header.round == round && collected.contains_key(&env.header.sender);
         if duplicate {
-            let same = self.net.served.read().ok().and_then(|s| s.contributions.get(&(round, env.header.sender)).map(|held| held.signature == env.signature));
+            let same = self.net.served.read().ok().and_then(|s| {
+                s.contributions
+                    .get(&(round, env.header.sender))
+                    .map(|held| held.signature == env.signature)
+            });
             if same == Some(true) {
                 return; // the same contribution again (pushed and fetched)
             }
         }
         let allow = self.manifest.manifest.allowlist();
-        let ctx = RoundContext { swarm_id, round, base_hash, allowlist: allow, num_params: self.num_params, max_tokens };
+        let ctx = RoundContext {
+            swarm_id,
+            round,
+            base_hash,
+            allowlist: allow,
+            num_params: self.num_params,
+            max_tokens,
+        };
         match accept(&ctx, &env) {
             Ok(_) if duplicate => {
                 let reason = "a second, different contribution from this sender for this round (the first is kept)";
                 warn!(%from, sender = %short(&env.header.sender), round, reason, "contribution refused");
-                self.sink.emit(&NodeEvent::Refused { round, from: from.to_string(), reason: reason.into() });
+                self.sink.emit(&NodeEvent::Refused {
+                    round,
+                    from: from.to_string(),
+                    reason: reason.into(),
+                });
             }
             Ok(a) => {
                 debug!(sender = %short(&a.sender), tokens = a.tokens, "contribution accepted");
@@ -511,17 +637,32 @@ impl<B: AutodiffBackend> Driver<B> {
                 }
             }
             Err(e) => {
-                if env.header.round < round && matches!(e, accept::Refusal::Verify(nightshift_protocol::VerifyError::WrongRound { .. })) {
+                if env.header.round < round
+                    && matches!(
+                        e,
+                        accept::Refusal::Verify(
+                            nightshift_protocol::VerifyError::WrongRound { .. }
+                        )
+                    )
+                {
                     debug!(%from, sender = %short(&env.header.sender), round, reason = %e, "late contribution refused");
                 } else {
                     warn!(%from, sender = %short(&env.header.sender), round, reason = %e, "contribution refused");
                 }
-                self.sink.emit(&NodeEvent::Refused { round, from: from.to_string(), reason: e.to_string() });
+                self.sink.emit(&NodeEvent::Refused {
+                    round,
+                    from: from.to_string(),
+                    reason: e.to_string(),
+                });
             }
         }
     }
 
-    async fn on_event(&mut self, ev: NetEvent, collected: Option<&mut BTreeMap<[u8; 32], Accepted>>) {
+    async fn on_event(
+        &mut self,
+        ev: NetEvent,
+        collected: Option<&mut BTreeMap<[u8; 32], Accepted>>,
+    ) {
         match ev {
             NetEvent::ContributionPushed { peer, envelope } => match collected {
                 Some(c) => self.consider(envelope, peer, c),
@@ -540,7 +681,11 @@ impl<B: AutodiffBackend> Driver<B> {
                 let net = self.net.clone();
                 let st = self.status();
                 tokio::spawn(async move {
-                    let _ = tokio::time::timeout(Duration::from_secs(LOOKUP_TIMEOUT_SECS), net.request(peer, Request::Announce(st))).await;
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(LOOKUP_TIMEOUT_SECS),
+                        net.request(peer, Request::Announce(st)),
+                    )
+                    .await;
                 });
             }
             NetEvent::PeerDisconnected(peer) => {
@@ -551,9 +696,19 @@ impl<B: AutodiffBackend> Driver<B> {
     }
 
     /// Fetches `sender`'s contribution for the current round from `peer`.
-    async fn fetch_contribution(&mut self, peer: PeerId, sender: [u8; 32], collected: &mut BTreeMap<[u8; 32], Accepted>) {
+    async fn fetch_contribution(
+        &mut self,
+        peer: PeerId,
+        sender: [u8; 32],
+        collected: &mut BTreeMap<[u8; 32], Accepted>,
+    ) {
         let round = self.state.round;
-        let r = tokio::time::timeout(Duration::from_secs(LOOKUP_TIMEOUT_SECS * 4), self.net.request(peer, Request::GetContribution { round, sender })).await;
+        let r = tokio::time::timeout(
+            Duration::from_secs(LOOKUP_TIMEOUT_SECS * 4),
+            self.net
+                .request(peer, Request::GetContribution { round, sender }),
+        )
+        .await;
         if let Ok(Ok(Response::Contribution(Some(env)))) = r {
             if env.header.sender != sender || env.header.round != round {
                 warn!(%peer, "peer answered with a different contribution than asked for");
@@ -577,7 +732,11 @@ impl<B: AutodiffBackend> Driver<B> {
         let steps = t.inner_steps;
         let (compute_back, report) = tokio::task::spawn_blocking(move || {
             let c = &mut compute;
-            let rep = c.trainer.train(&c.corpus, &c.shard, &mut c.rng, steps, &|| stop.load(Ordering::SeqCst));
+            let rep = c
+                .trainer
+                .train(&c.corpus, &c.shard, &mut c.rng, steps, &|| {
+                    stop.load(Ordering::SeqCst)
+                });
             (compute, rep)
         })
         .await?;
@@ -589,7 +748,11 @@ impl<B: AutodiffBackend> Driver<B> {
 
         // Pseudo-gradient, error feedback, encoding and signing.
         let t_enc = Instant::now();
-        let theta_i = self.compute.as_ref().map(|c| c.trainer.params()).unwrap_or_default();
+        let theta_i = self
+            .compute
+            .as_ref()
+            .map(|c| c.trainer.params())
+            .unwrap_or_default();
         let base = self.state.params.clone();
         let codec = t.codec;
         let mut ef = std::mem::take(&mut self.ef);
@@ -607,13 +770,32 @@ impl<B: AutodiffBackend> Driver<B> {
         self.ef = ef;
         let sent = sent.context("our own delta does not decode (non-finite training?)")?;
         let wire_delta_bytes = enc.body.len() as u64;
-        let contribution = Contribution { tokens: report.tokens, inner_steps: report.steps, train_loss: report.mean_loss, delta: enc };
-        let header = EnvelopeHeader { kind: PayloadKind::Contribution, swarm_id: self.swarm_id, round: r, sender: self.me, base_hash: self.hash };
+        let contribution = Contribution {
+            tokens: report.tokens,
+            inner_steps: report.steps,
+            train_loss: report.mean_loss,
+            delta: enc,
+        };
+        let header = EnvelopeHeader {
+            kind: PayloadKind::Contribution,
+            swarm_id: self.swarm_id,
+            round: r,
+            sender: self.me,
+            base_hash: self.hash,
+        };
         let env = SignedEnvelope::sign(&self.key, header, wire::encode(&contribution));
         let encode_secs = t_enc.elapsed().as_secs_f64();
 
         let mut collected: BTreeMap<[u8; 32], Accepted> = BTreeMap::new();
-        collected.insert(self.me, Accepted { sender: self.me, tokens: report.tokens, train_loss: report.mean_loss, delta: sent });
+        collected.insert(
+            self.me,
+            Accepted {
+                sender: self.me,
+                tokens: report.tokens,
+                train_loss: report.mean_loss,
+                delta: sent,
+            },
+        );
         if let Ok(mut s) = self.net.served.write() {
             s.contributions.insert((r, self.me), Arc::new(env.clone()));
         }
@@ -652,20 +834,31 @@ impl<B: AutodiffBackend> Driver<B> {
         loop {
             let have: HashSet<PeerId> = collected.keys().filter_map(net::peer_id_of).collect();
             let trainers = self.trainer_peers();
-            if trainers.iter().any(|(_, s)| s.round > r && !matches!(s.phase, Phase::Syncing | Phase::Done)) {
+            if trainers
+                .iter()
+                .any(|(_, s)| s.round > r && !matches!(s.phase, Phase::Syncing | Phase::Done))
+            {
                 info!(round = r, "the swarm has moved on; catching up");
                 return Ok(Outcome::Behind);
             }
             let missing: Vec<PeerId> = trainers
                 .iter()
-                .filter(|(p, s)| s.round == r && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting) && !have.contains(p))
+                .filter(|(p, s)| {
+                    s.round == r
+                        && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting)
+                        && !have.contains(p)
+                })
                 .map(|(p, _)| *p)
                 .collect();
             if missing.is_empty() {
                 break;
             }
             if Instant::now() >= deadline {
-                warn!(round = r, missing = missing.len(), "round deadline passed; going on without them");
+                warn!(
+                    round = r,
+                    missing = missing.len(),
+                    "round deadline passed; going on without them"
+                );
                 break;
             }
             tokio::select! {
@@ -703,8 +896,17 @@ impl<B: AutodiffBackend> Driver<B> {
             .trainer_peers()
             .iter()
             .flat_map(|(p, s)| {
-                let set = if s.round == r { &s.holding } else if s.round == r + 1 { &s.formed_by } else { return vec![] };
-                set.iter().filter(|k| !collected.contains_key(*k)).map(|k| (*p, *k)).collect::<Vec<_>>()
+                let set = if s.round == r {
+                    &s.holding
+                } else if s.round == r + 1 {
+                    &s.formed_by
+                } else {
+                    return vec![];
+                };
+                set.iter()
+                    .filter(|k| !collected.contains_key(*k))
+                    .map(|k| (*p, *k))
+                    .collect::<Vec<_>>()
             })
             .collect();
         for (p, k) in wanted {
@@ -724,14 +926,23 @@ impl<B: AutodiffBackend> Driver<B> {
         .await?;
         self.outer = outer;
         let formed_by: Vec<[u8; 32]> = collected.keys().copied().collect();
-        self.state = StateSnapshot { round: r + 1, params, momentum: self.outer.buf.clone(), formed_by };
+        self.state = StateSnapshot {
+            round: r + 1,
+            params,
+            momentum: self.outer.buf.clone(),
+            formed_by,
+        };
         let state = self.state.clone();
         let (hash, compute, val_loss) = {
             let mut compute = self.compute.take().context("trainer state missing")?;
             tokio::task::spawn_blocking(move || {
                 let h = state.hash();
                 let loaded = compute.trainer.load_params(&state.params);
-                let v = if loaded.is_ok() { compute.val_loss() } else { f32::NAN };
+                let v = if loaded.is_ok() {
+                    compute.val_loss()
+                } else {
+                    f32::NAN
+                };
                 (h, compute, v)
             })
             .await?

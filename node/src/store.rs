@@ -15,7 +15,11 @@ const KEY_STATE: &[u8] = b"state";
 #[derive(Debug, Error)]
 pub enum StoreError {
     #[error("cannot open the store at {path}")]
-    Open { path: String, #[source] source: sled::Error },
+    Open {
+        path: String,
+        #[source]
+        source: sled::Error,
+    },
     #[error("storage failure")]
     Sled(#[from] sled::Error),
     #[error("stored {what} is corrupt: {reason}")]
@@ -33,7 +37,10 @@ impl Store {
     /// # Errors
     /// When sled cannot open the directory (for example another node holds it).
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let db = sled::open(dir).map_err(|source| StoreError::Open { path: dir.display().to_string(), source })?;
+        let db = sled::open(dir).map_err(|source| StoreError::Open {
+            path: dir.display().to_string(),
+            source,
+        })?;
         Ok(Store { db })
     }
 
@@ -44,7 +51,14 @@ impl Store {
     pub fn identity(&self) -> Result<Option<[u8; 32]>, StoreError> {
         match self.db.get(KEY_IDENTITY)? {
             None => Ok(None),
-            Some(v) => v.as_ref().try_into().map(Some).map_err(|_| StoreError::Corrupt { what: "identity", reason: format!("{} bytes", v.len()) }),
+            Some(v) => v
+                .as_ref()
+                .try_into()
+                .map(Some)
+                .map_err(|_| StoreError::Corrupt {
+                    what: "identity",
+                    reason: format!("{} bytes", v.len()),
+                }),
         }
     }
 
@@ -94,10 +108,19 @@ impl Store {
         Ok(())
     }
 
-    fn get<T: serde::de::DeserializeOwned>(&self, key: &[u8], what: &'static str) -> Result<Option<T>, StoreError> {
+    fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &[u8],
+        what: &'static str,
+    ) -> Result<Option<T>, StoreError> {
         match self.db.get(key)? {
             None => Ok(None),
-            Some(v) => wire::decode(&v, usize::MAX).map(Some).map_err(|e| StoreError::Corrupt { what, reason: e.to_string() }),
+            Some(v) => wire::decode(&v, usize::MAX)
+                .map(Some)
+                .map_err(|e| StoreError::Corrupt {
+                    what,
+                    reason: e.to_string(),
+                }),
         }
     }
 }
@@ -109,7 +132,12 @@ mod tests {
     #[test]
     fn checkpoints_survive_reopening() {
         let dir = tempfile::tempdir().unwrap();
-        let s = StateSnapshot { round: 4, params: vec![1.0, 2.0], momentum: vec![0.5, 0.0], formed_by: vec![[1; 32]] };
+        let s = StateSnapshot {
+            round: 4,
+            params: vec![1.0, 2.0],
+            momentum: vec![0.5, 0.0],
+            formed_by: vec![[1; 32]],
+        };
         {
             let store = Store::open(dir.path()).unwrap();
             assert!(store.checkpoint().unwrap().is_none());

@@ -65,19 +65,29 @@ impl FromStr for DeltaCodec {
         let num = |default: u32, max: u32| -> Result<u32, String> {
             let v = match arg {
                 None => default,
-                Some(a) => a.parse::<u32>().map_err(|_| format!("bad number {a:?} in codec {s:?}"))?,
+                Some(a) => a
+                    .parse::<u32>()
+                    .map_err(|_| format!("bad number {a:?} in codec {s:?}"))?,
             };
             if v == 0 || v > max {
-                return Err(format!("codec parameter {v} out of range 1..={max} in {s:?}"));
+                return Err(format!(
+                    "codec parameter {v} out of range 1..={max} in {s:?}"
+                ));
             }
             Ok(v)
         };
         let codec = match name.to_ascii_lowercase().as_str() {
             "fp32" | "f32" => DeltaCodec::Fp32,
             "fp16" | "f16" => DeltaCodec::Fp16,
-            "int8" => DeltaCodec::Int8 { block: num(64, MAX_BLOCK)? },
-            "int4" => DeltaCodec::Int4 { block: num(64, MAX_BLOCK)? },
-            "topk" => DeltaCodec::TopK { permille: num(30, 1000)? as u16 },
+            "int8" => DeltaCodec::Int8 {
+                block: num(64, MAX_BLOCK)?,
+            },
+            "int4" => DeltaCodec::Int4 {
+                block: num(64, MAX_BLOCK)?,
+            },
+            "topk" => DeltaCodec::TopK {
+                permille: num(30, 1000)? as u16,
+            },
             _ => {
                 return Err(format!(
                     "unknown codec {s:?}: expected fp32, fp16, int8[:block], int4[:block] or topk[:permille]"
@@ -137,7 +147,9 @@ fn check_params(codec: DeltaCodec, len: usize) -> Result<(), DeltaError> {
         return Err(DeltaError::TooLarge(len));
     }
     match codec {
-        DeltaCodec::Int8 { block } | DeltaCodec::Int4 { block } if block == 0 || block > MAX_BLOCK => {
+        DeltaCodec::Int8 { block } | DeltaCodec::Int4 { block }
+            if block == 0 || block > MAX_BLOCK =>
+        {
             Err(DeltaError::BadParameter(format!("block {block}")))
         }
         DeltaCodec::TopK { permille } if permille == 0 || permille > 1000 => {
@@ -166,27 +178,37 @@ fn block_scales(values: &[f32], block: u32, qmax: f32) -> Vec<f32> {
 }
 
 fn quantize(v: f32, scale: f32, qmax: f32) -> i8 {
-    if scale == 0.0 { 0 } else { (v / scale).round().clamp(-qmax, qmax) as i8 }
+    if scale == 0.0 {
+        0
+    } else {
+        (v / scale).round().clamp(-qmax, qmax) as i8
+    }
 }
 
 /// Encodes `values` (expected finite) with `codec`, then zstd.
 pub fn encode(codec: DeltaCodec, values: &[f32]) -> EncodedDelta {
     let mut raw = Vec::with_capacity(raw_body_size(codec, values.len()));
     match codec {
-        DeltaCodec::Fp32 => values.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        DeltaCodec::Fp32 => values
+            .iter()
+            .for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
         DeltaCodec::Fp16 => values
             .iter()
             .for_each(|v| raw.extend_from_slice(&f16::from_f32(*v).to_le_bytes())),
         DeltaCodec::Int8 { block } => {
             let scales = block_scales(values, block, 127.0);
-            scales.iter().for_each(|s| raw.extend_from_slice(&s.to_le_bytes()));
+            scales
+                .iter()
+                .for_each(|s| raw.extend_from_slice(&s.to_le_bytes()));
             for (chunk, s) in values.chunks(block as usize).zip(&scales) {
                 raw.extend(chunk.iter().map(|v| quantize(*v, *s, 127.0) as u8));
             }
         }
         DeltaCodec::Int4 { block } => {
             let scales = block_scales(values, block, 7.0);
-            scales.iter().for_each(|s| raw.extend_from_slice(&s.to_le_bytes()));
+            scales
+                .iter()
+                .for_each(|s| raw.extend_from_slice(&s.to_le_bytes()));
             let mut nibbles = Vec::with_capacity(values.len());
             for (chunk, s) in values.chunks(block as usize).zip(&scales) {
                 nibbles.extend(chunk.iter().map(|v| (quantize(*v, *s, 7.0) + 8) as u8));
@@ -200,12 +222,15 @@ pub fn encode(codec: DeltaCodec, values: &[f32]) -> EncodedDelta {
             let mut idx: Vec<u32> = (0..values.len() as u32).collect();
             if k < values.len() {
                 idx.select_nth_unstable_by(k, |a, b| {
-                    values[*b as usize].abs().total_cmp(&values[*a as usize].abs())
+                    values[*b as usize]
+                        .abs()
+                        .total_cmp(&values[*a as usize].abs())
                 });
                 idx.truncate(k);
             }
             idx.sort_unstable();
-            idx.iter().for_each(|i| raw.extend_from_slice(&i.to_le_bytes()));
+            idx.iter()
+                .for_each(|i| raw.extend_from_slice(&i.to_le_bytes()));
             idx.iter().for_each(|i| {
                 raw.extend_from_slice(&f16::from_f32(values[*i as usize]).to_le_bytes())
             });
@@ -213,7 +238,11 @@ pub fn encode(codec: DeltaCodec, values: &[f32]) -> EncodedDelta {
     }
     // Compressing an in-memory buffer only fails on allocation failure.
     let body = zstd::bulk::compress(&raw, ZSTD_LEVEL).unwrap_or(raw);
-    EncodedDelta { codec, len: values.len() as u32, body }
+    EncodedDelta {
+        codec,
+        len: values.len() as u32,
+        body,
+    }
 }
 
 /// Decodes `enc`, which must describe exactly `expected_len` values.
@@ -223,14 +252,20 @@ pub fn encode(codec: DeltaCodec, values: &[f32]) -> EncodedDelta {
 pub fn decode(enc: &EncodedDelta, expected_len: usize) -> Result<Vec<f32>, DeltaError> {
     let len = enc.len as usize;
     if len != expected_len {
-        return Err(DeltaError::WrongLength { got: len, expected: expected_len });
+        return Err(DeltaError::WrongLength {
+            got: len,
+            expected: expected_len,
+        });
     }
     check_params(enc.codec, len)?;
     let expected = raw_body_size(enc.codec, len);
     let raw = zstd::bulk::decompress(&enc.body, expected)
         .map_err(|e| DeltaError::Decompress(e.to_string()))?;
     if raw.len() != expected {
-        return Err(DeltaError::WrongBodySize { got: raw.len(), expected });
+        return Err(DeltaError::WrongBodySize {
+            got: raw.len(),
+            expected,
+        });
     }
     let f32_at = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     let out: Vec<f32> = match enc.codec {
@@ -306,7 +341,10 @@ mod tests {
         for c in ALL {
             assert_eq!(c.to_string().parse::<DeltaCodec>().unwrap(), c);
         }
-        assert_eq!("int8".parse::<DeltaCodec>().unwrap(), DeltaCodec::Int8 { block: 64 });
+        assert_eq!(
+            "int8".parse::<DeltaCodec>().unwrap(),
+            DeltaCodec::Int8 { block: 64 }
+        );
         assert!("int8:0".parse::<DeltaCodec>().is_err());
         assert!("fp16:3".parse::<DeltaCodec>().is_err());
         assert!("zip".parse::<DeltaCodec>().is_err());
@@ -320,31 +358,55 @@ mod tests {
 
     #[test]
     fn int8_shrinks_a_delta_about_four_times() {
-        let v: Vec<f32> = (0..100_000).map(|i| ((i * 7919) % 1000) as f32 * 1e-6 - 5e-4).collect();
+        let v: Vec<f32> = (0..100_000)
+            .map(|i| ((i * 7919) % 1000) as f32 * 1e-6 - 5e-4)
+            .collect();
         let enc = encode(DeltaCodec::Int8 { block: 64 }, &v);
-        assert!(enc.body.len() * 3 < dense_bytes(v.len()), "{} bytes", enc.body.len());
+        assert!(
+            enc.body.len() * 3 < dense_bytes(v.len()),
+            "{} bytes",
+            enc.body.len()
+        );
     }
 
     #[test]
     fn refuses_wrong_length_nan_and_oversized_bodies() {
         let v = vec![0.5f32; 100];
         let enc = encode(DeltaCodec::Fp32, &v);
-        assert_eq!(decode(&enc, 99), Err(DeltaError::WrongLength { got: 100, expected: 99 }));
+        assert_eq!(
+            decode(&enc, 99),
+            Err(DeltaError::WrongLength {
+                got: 100,
+                expected: 99
+            })
+        );
 
         let mut nan = v.clone();
         nan[17] = f32::NAN;
-        assert_eq!(decode(&encode(DeltaCodec::Fp32, &nan), 100), Err(DeltaError::NonFinite(17)));
+        assert_eq!(
+            decode(&encode(DeltaCodec::Fp32, &nan), 100),
+            Err(DeltaError::NonFinite(17))
+        );
         let mut inf = v.clone();
         inf[3] = f32::INFINITY;
-        assert_eq!(decode(&encode(DeltaCodec::Fp16, &inf), 100), Err(DeltaError::NonFinite(3)));
+        assert_eq!(
+            decode(&encode(DeltaCodec::Fp16, &inf), 100),
+            Err(DeltaError::NonFinite(3))
+        );
 
         // A body that decompresses to more than the declared length allows.
         let mut lying = encode(DeltaCodec::Fp32, &vec![0.5f32; 200]);
         lying.len = 100;
         assert!(decode(&lying, 100).is_err());
 
-        let bad_block = EncodedDelta { codec: DeltaCodec::Int8 { block: 0 }, ..enc.clone() };
-        assert!(matches!(decode(&bad_block, 100), Err(DeltaError::BadParameter(_))));
+        let bad_block = EncodedDelta {
+            codec: DeltaCodec::Int8 { block: 0 },
+            ..enc.clone()
+        };
+        assert!(matches!(
+            decode(&bad_block, 100),
+            Err(DeltaError::BadParameter(_))
+        ));
     }
 
     #[test]

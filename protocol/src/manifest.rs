@@ -102,7 +102,10 @@ impl Manifest {
     pub fn sign(mut self, key: &SigningKey) -> SignedManifest {
         self.creator = key.verifying_key().to_bytes();
         let signature = key.sign(&self.signing_bytes()).to_bytes().to_vec();
-        SignedManifest { manifest: self, signature }
+        SignedManifest {
+            manifest: self,
+            signature,
+        }
     }
 
     /// The allowlist as an option: `None` for an open swarm.
@@ -126,8 +129,11 @@ impl SignedManifest {
         if m.version != MANIFEST_VERSION {
             return Err(ManifestError::Version(m.version));
         }
-        let sig: [u8; 64] =
-            self.signature.as_slice().try_into().map_err(|_| ManifestError::BadSignature)?;
+        let sig: [u8; 64] = self
+            .signature
+            .as_slice()
+            .try_into()
+            .map_err(|_| ManifestError::BadSignature)?;
         let key = VerifyingKey::from_bytes(&m.creator).map_err(|_| ManifestError::BadCreator)?;
         key.verify(&m.signing_bytes(), &Signature::from_bytes(&sig))
             .map_err(|_| ManifestError::BadSignature)?;
@@ -137,10 +143,15 @@ impl SignedManifest {
         if md.vocab.is_empty() || md.vocab.len() > 256 {
             return bad("vocabulary must hold 1..=256 symbols");
         }
-        if md.n_heads == 0 || md.d_model == 0 || md.d_model % md.n_heads != 0 {
+        if md.n_heads == 0 || md.d_model == 0 || !md.d_model.is_multiple_of(md.n_heads) {
             return bad("d_model must be a positive multiple of n_heads");
         }
-        if md.n_layers == 0 || md.n_layers > 256 || md.d_model > 65536 || md.d_ff == 0 || md.d_ff > 1 << 18 {
+        if md.n_layers == 0
+            || md.n_layers > 256
+            || md.d_model > 65536
+            || md.d_ff == 0
+            || md.d_ff > 1 << 18
+        {
             return bad("model dimensions out of range");
         }
         if md.seq_len < 2 || md.seq_len > 1 << 16 {
@@ -149,7 +160,13 @@ impl SignedManifest {
         if t.inner_steps == 0 || t.batch_size == 0 || t.batch_size > 1 << 16 {
             return bad("inner_steps and batch_size must be positive");
         }
-        let finite = [t.inner_lr, t.weight_decay, t.grad_clip, t.outer_lr, t.outer_momentum];
+        let finite = [
+            t.inner_lr,
+            t.weight_decay,
+            t.grad_clip,
+            t.outer_lr,
+            t.outer_momentum,
+        ];
         if finite.iter().any(|v| !v.is_finite() || *v < 0.0) || t.outer_momentum >= 1.0 {
             return bad("optimiser settings must be finite, non-negative, momentum < 1");
         }
@@ -169,7 +186,14 @@ pub(crate) mod tests {
             version: MANIFEST_VERSION,
             name: "test".into(),
             created_unix: 1,
-            model: ModelSpec { vocab: b"abc".to_vec(), d_model: 8, n_layers: 1, n_heads: 2, d_ff: 16, seq_len: 4 },
+            model: ModelSpec {
+                vocab: b"abc".to_vec(),
+                d_model: 8,
+                n_layers: 1,
+                n_heads: 2,
+                d_ff: 16,
+                seq_len: 4,
+            },
             training: TrainingSpec {
                 inner_steps: 5,
                 batch_size: 2,
@@ -182,7 +206,12 @@ pub(crate) mod tests {
                 codec: DeltaCodec::Int8 { block: 64 },
                 round_deadline_secs: 10,
                 init_seed: 7,
-                data: DataSpec { name: "x".into(), bytes: 3, sha256: Hash32::default(), val_permille: 100 },
+                data: DataSpec {
+                    name: "x".into(),
+                    bytes: 3,
+                    sha256: Hash32::default(),
+                    val_permille: 100,
+                },
             },
             initial_state_hash: Hash32::default(),
             creator: [0; 32],
@@ -206,6 +235,9 @@ pub(crate) mod tests {
         let key = SigningKey::from_bytes(&[3; 32]);
         let mut m = sample();
         m.model.n_heads = 3;
-        assert!(matches!(m.sign(&key).verify(), Err(ManifestError::Invalid(_))));
+        assert!(matches!(
+            m.sign(&key).verify(),
+            Err(ManifestError::Invalid(_))
+        ));
     }
 }

@@ -119,7 +119,12 @@ mod tests {
 
     #[test]
     fn state_hash_covers_round_params_and_momentum() {
-        let s = StateSnapshot { round: 1, params: vec![1.0, 2.0], momentum: vec![0.0, 0.0], formed_by: vec![] };
+        let s = StateSnapshot {
+            round: 1,
+            params: vec![1.0, 2.0],
+            momentum: vec![0.0, 0.0],
+            formed_by: vec![],
+        };
         let mut t = s.clone();
         t.round = 2;
         assert_ne!(s.hash(), t.hash());
@@ -134,7 +139,13 @@ mod tests {
 
     #[test]
     fn requests_round_trip_through_the_wire() {
-        let r = Request::GetContribution { round: 9, sender: [7; 32] };
-        assert_eq!(wire::decode::<Request>(&wire::encode(&r), 1 << 20).unwrap(), r);
+        let r = Request::GetContribution {
+            round: 9,
+            sender: [7; 32],
+        };
+        assert_eq!(
+            wire::decode::<Request>(&wire::encode(&r), 1 << 20).unwrap(),
+            r
+        );
     }
 }

@@ -73,7 +73,10 @@ pub enum VerifyError {
     #[error("envelope is based on state {got}, expected {expected}")]
     WrongBase { got: String, expected: String },
     #[error("envelope carries {got:?}, expected {expected:?}")]
-    WrongKind { got: PayloadKind, expected: PayloadKind },
+    WrongKind {
+        got: PayloadKind,
+        expected: PayloadKind,
+    },
     #[error("payload of {len} bytes exceeds {limit}")]
     PayloadTooLarge { len: usize, limit: usize },
 }
@@ -91,7 +94,11 @@ impl SignedEnvelope {
     pub fn sign(key: &SigningKey, mut header: EnvelopeHeader, payload: Vec<u8>) -> Self {
         header.sender = key.verifying_key().to_bytes();
         let sig = key.sign(&signing_bytes(&header, &payload));
-        SignedEnvelope { header, payload, signature: sig.to_bytes().to_vec() }
+        SignedEnvelope {
+            header,
+            payload,
+            signature: sig.to_bytes().to_vec(),
+        }
     }
 
     /// Checks the signature, then every binding in `expect`. Returns the payload on success.
@@ -112,8 +119,11 @@ impl SignedEnvelope {
             .map_err(|_| VerifyError::MalformedSignature(self.signature.len()))?;
         let key =
             VerifyingKey::from_bytes(&self.header.sender).map_err(|_| VerifyError::BadSenderKey)?;
-        key.verify(&signing_bytes(&self.header, &self.payload), &Signature::from_bytes(&sig))
-            .map_err(|_| VerifyError::BadSignature)?;
+        key.verify(
+            &signing_bytes(&self.header, &self.payload),
+            &Signature::from_bytes(&sig),
+        )
+        .map_err(|_| VerifyError::BadSignature)?;
         let h = &self.header;
         if let Some(allow) = expect.allowlist
             && !allow.contains(&h.sender)
@@ -121,13 +131,19 @@ impl SignedEnvelope {
             return Err(VerifyError::NotAMember(hex::encode(&h.sender[..8])));
         }
         if h.kind != expect.kind {
-            return Err(VerifyError::WrongKind { got: h.kind, expected: expect.kind });
+            return Err(VerifyError::WrongKind {
+                got: h.kind,
+                expected: expect.kind,
+            });
         }
         if h.swarm_id != expect.swarm_id {
             return Err(VerifyError::WrongSwarm(h.swarm_id.short()));
         }
         if h.round != expect.round {
-            return Err(VerifyError::WrongRound { got: h.round, expected: expect.round });
+            return Err(VerifyError::WrongRound {
+                got: h.round,
+                expected: expect.round,
+            });
         }
         if h.base_hash != expect.base_hash {
             return Err(VerifyError::WrongBase {
@@ -190,7 +206,10 @@ mod tests {
 
         let mut t = good.clone();
         t.signature.clear();
-        assert_eq!(t.verify(&expect(None)), Err(VerifyError::MalformedSignature(0)));
+        assert_eq!(
+            t.verify(&expect(None)),
+            Err(VerifyError::MalformedSignature(0))
+        );
 
         // Claims to be from key 2 but signed by key 1.
         let mut t = good.clone();
@@ -198,25 +217,40 @@ mod tests {
         assert_eq!(t.verify(&expect(None)), Err(VerifyError::BadSignature));
 
         let outsider = [key(9).verifying_key().to_bytes()];
-        assert!(matches!(good.verify(&expect(Some(&outsider))), Err(VerifyError::NotAMember(_))));
+        assert!(matches!(
+            good.verify(&expect(Some(&outsider))),
+            Err(VerifyError::NotAMember(_))
+        ));
 
         let stale = SignedEnvelope::sign(&key(1), header(2), b"delta".to_vec());
         assert_eq!(
             stale.verify(&expect(None)),
-            Err(VerifyError::WrongRound { got: 2, expected: 3 })
+            Err(VerifyError::WrongRound {
+                got: 2,
+                expected: 3
+            })
         );
 
         let mut h = header(3);
         h.base_hash = Hash32::of(&[b"other"]);
         let other_base = SignedEnvelope::sign(&key(1), h, b"delta".to_vec());
-        assert!(matches!(other_base.verify(&expect(None)), Err(VerifyError::WrongBase { .. })));
+        assert!(matches!(
+            other_base.verify(&expect(None)),
+            Err(VerifyError::WrongBase { .. })
+        ));
 
         let mut h = header(3);
         h.swarm_id = Hash32::of(&[b"other swarm"]);
         let other_swarm = SignedEnvelope::sign(&key(1), h, b"delta".to_vec());
-        assert!(matches!(other_swarm.verify(&expect(None)), Err(VerifyError::WrongSwarm(_))));
+        assert!(matches!(
+            other_swarm.verify(&expect(None)),
+            Err(VerifyError::WrongSwarm(_))
+        ));
 
         let big = SignedEnvelope::sign(&key(1), header(3), vec![0; 2000]);
-        assert!(matches!(big.verify(&expect(None)), Err(VerifyError::PayloadTooLarge { .. })));
+        assert!(matches!(
+            big.verify(&expect(None)),
+            Err(VerifyError::PayloadTooLarge { .. })
+        ));
     }
 }

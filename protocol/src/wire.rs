@@ -57,7 +57,10 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 pub fn decode<T: DeserializeOwned>(bytes: &[u8], limit: usize) -> Result<T, DecodeError> {
     let limit = limit.min(MAX_MESSAGE_BYTES);
     if bytes.len() > limit {
-        return Err(DecodeError::TooLarge { len: bytes.len(), limit });
+        return Err(DecodeError::TooLarge {
+            len: bytes.len(),
+            limit,
+        });
     }
     let (&version, body) = bytes.split_first().ok_or(DecodeError::Empty)?;
     if version != WIRE_VERSION {
@@ -80,16 +83,25 @@ mod tests {
         let mut f = encode(&(7u32, String::from("x")));
         assert_eq!(decode::<(u32, String)>(&f, 1024).unwrap(), (7, "x".into()));
         f.push(0);
-        assert_eq!(decode::<(u32, String)>(&f, 1024), Err(DecodeError::Trailing(1)));
+        assert_eq!(
+            decode::<(u32, String)>(&f, 1024),
+            Err(DecodeError::Trailing(1))
+        );
         f[0] = 9;
-        assert_eq!(decode::<(u32, String)>(&f, 1024), Err(DecodeError::Version(9)));
+        assert_eq!(
+            decode::<(u32, String)>(&f, 1024),
+            Err(DecodeError::Version(9))
+        );
         assert_eq!(decode::<u32>(&[], 10), Err(DecodeError::Empty));
     }
 
     #[test]
     fn rejects_frames_over_the_limit_before_decoding() {
         let f = encode(&vec![0u8; 100]);
-        assert!(matches!(decode::<Vec<u8>>(&f, 50), Err(DecodeError::TooLarge { .. })));
+        assert!(matches!(
+            decode::<Vec<u8>>(&f, 50),
+            Err(DecodeError::TooLarge { .. })
+        ));
     }
 
     #[test]

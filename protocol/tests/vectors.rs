@@ -3,7 +3,10 @@
 
 use ed25519_dalek::SigningKey;
 use nightshift_protocol::signed::EnvelopeHeader;
-use nightshift_protocol::{Contribution, DeltaCodec, EncodedDelta, Hash32, PayloadKind, Request, SignedEnvelope, delta, wire};
+use nightshift_protocol::{
+    Contribution, DeltaCodec, EncodedDelta, Hash32, PayloadKind, Request, SignedEnvelope, delta,
+    wire,
+};
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -11,7 +14,10 @@ fn hex(b: &[u8]) -> String {
 
 #[test]
 fn request_encoding_is_frozen() {
-    let r = Request::GetContribution { round: 300, sender: [7; 32] };
+    let r = Request::GetContribution {
+        round: 300,
+        sender: [7; 32],
+    };
     assert_eq!(hex(&wire::encode(&r)), VECTOR_REQUEST);
 }
 
@@ -22,7 +28,11 @@ fn signed_envelope_encoding_is_frozen() {
         tokens: 1024,
         inner_steps: 50,
         train_loss: 2.5,
-        delta: EncodedDelta { codec: DeltaCodec::Int8 { block: 64 }, len: 3, body: vec![1, 2, 3] },
+        delta: EncodedDelta {
+            codec: DeltaCodec::Int8 { block: 64 },
+            len: 3,
+            body: vec![1, 2, 3],
+        },
     };
     let h = EnvelopeHeader {
         kind: PayloadKind::Contribution,
@@ -32,7 +42,10 @@ fn signed_envelope_encoding_is_frozen() {
         base_hash: Hash32::of(&[b"base"]),
     };
     let env = SignedEnvelope::sign(&key, h, wire::encode(&c));
-    assert_eq!(Hash32::of(&[&wire::encode(&env)]).to_hex(), VECTOR_ENVELOPE_SHA256);
+    assert_eq!(
+        Hash32::of(&[&wire::encode(&env)]).to_hex(),
+        VECTOR_ENVELOPE_SHA256
+    );
 }
 
 #[test]
@@ -41,9 +54,15 @@ fn int8_body_layout_is_frozen() {
     let scale = 0.5f32 / 127.0;
     let mut raw = scale.to_le_bytes().to_vec();
     raw.extend_from_slice(&[127u8, 129, 0, 64]);
-    let enc = EncodedDelta { codec: DeltaCodec::Int8 { block: 4 }, len: 4, body: zstd::bulk::compress(&raw, 3).unwrap() };
+    let enc = EncodedDelta {
+        codec: DeltaCodec::Int8 { block: 4 },
+        len: 4,
+        body: zstd::bulk::compress(&raw, 3).unwrap(),
+    };
     let out = delta::decode(&enc, 4).unwrap();
     assert_eq!(out, vec![0.5, -0.5, 0.0, 64.0 * scale]);
 }
-const VECTOR_REQUEST: &str = "0103fb2c010707070707070707070707070707070707070707070707070707070707070707";
-const VECTOR_ENVELOPE_SHA256: &str = "adde05b839e5149407ad2b58ad10bed4e0489fbfa7d4609957177d99c06f5f4e";
+const VECTOR_REQUEST: &str =
+    "0103fb2c010707070707070707070707070707070707070707070707070707070707070707";
+const VECTOR_ENVELOPE_SHA256: &str =
+    "adde05b839e5149407ad2b58ad10bed4e0489fbfa7d4609957177d99c06f5f4e";

@@ -15,9 +15,16 @@ pub fn nightshift_bin() -> PathBuf {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>/deps");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
     let bin = profile_dir.join("nightshift");
-    assert!(bin.exists(), "{} not built; run `cargo test --workspace`", bin.display());
+    assert!(
+        bin.exists(),
+        "{} not built; run `cargo test --workspace`",
+        bin.display()
+    );
     bin
 }
 
@@ -56,8 +63,15 @@ impl Drop for Proc {
 
 /// Runs the binary to completion and returns stdout.
 pub fn run_ok(args: &[&str]) -> String {
-    let out = Command::new(nightshift_bin()).args(args).output().expect("run nightshift");
-    assert!(out.status.success(), "nightshift {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(nightshift_bin())
+        .args(args)
+        .output()
+        .expect("run nightshift");
+    assert!(
+        out.status.success(),
+        "nightshift {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -72,7 +86,10 @@ pub fn spawn(dir: &Path, name: &str, args: &[String]) -> Proc {
         .stderr(log)
         .spawn()
         .expect("start nightshift");
-    Proc { child, name: name.into() }
+    Proc {
+        child,
+        name: name.into(),
+    }
 }
 
 /// Polls `cond` until it holds or `timeout` passes (files written by other processes have no
@@ -109,10 +126,19 @@ impl TestSwarm {
             allow.push(k);
         }
         let manifest = dir.join("manifest.json");
-        let mut args: Vec<String> = ["swarm", "init", "--out", manifest.to_str().unwrap(), "--preset", "tiny", "--name", "test"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut args: Vec<String> = [
+            "swarm",
+            "init",
+            "--out",
+            manifest.to_str().unwrap(),
+            "--preset",
+            "tiny",
+            "--name",
+            "test",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         for k in &allow {
             args.push("--allow".into());
             args.push(k.display().to_string());
@@ -120,7 +146,11 @@ impl TestSwarm {
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
         run_ok(&args);
-        TestSwarm { dir: dir.to_path_buf(), manifest, nodes }
+        TestSwarm {
+            dir: dir.to_path_buf(),
+            manifest,
+            nodes,
+        }
     }
 
     /// Starts the bootstrap node and returns it with its full address.
@@ -139,8 +169,14 @@ impl TestSwarm {
                 addr_file.display().to_string(),
             ],
         );
-        assert!(wait_until(Duration::from_secs(30), || addr_file.exists()), "bootstrap did not come up");
-        let addr = std::fs::read_to_string(&addr_file).unwrap().trim().to_string();
+        assert!(
+            wait_until(Duration::from_secs(30), || addr_file.exists()),
+            "bootstrap did not come up"
+        );
+        let addr = std::fs::read_to_string(&addr_file)
+            .unwrap()
+            .trim()
+            .to_string();
         (p, addr)
     }
 
@@ -159,7 +195,10 @@ impl TestSwarm {
                 "--manifest".into(),
                 self.manifest.display().to_string(),
                 "--key".into(),
-                self.dir.join(format!("node{i}.key.json")).display().to_string(),
+                self.dir
+                    .join(format!("node{i}.key.json"))
+                    .display()
+                    .to_string(),
                 "--bootstrap".into(),
                 bootstrap.into(),
                 "--listen".into(),
@@ -204,7 +243,9 @@ impl TestSwarm {
                 NodeEvent::RoundCompleted(r) => {
                     m.insert(r.round, r.state_hash);
                 }
-                NodeEvent::Synced { round, state_hash, .. } => {
+                NodeEvent::Synced {
+                    round, state_hash, ..
+                } => {
                     m.insert(round, state_hash);
                 }
                 _ => {}

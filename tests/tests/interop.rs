@@ -11,7 +11,10 @@ use libp2p::{Multiaddr, PeerId, StreamProtocol, identify, noise, ping, tcp, yamu
 use nightshift_node::events::NodeEvent;
 use nightshift_node::net::{TrafficCounters, WireCodec, protocol_names};
 use nightshift_protocol::signed::EnvelopeHeader;
-use nightshift_protocol::{Contribution, DeltaCodec, PayloadKind, Request, Response, SignedEnvelope, SignedManifest, delta, wire};
+use nightshift_protocol::{
+    Contribution, DeltaCodec, PayloadKind, Request, Response, SignedEnvelope, SignedManifest,
+    delta, wire,
+};
 use nightshift_tests::{TestSwarm, wait_until};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -32,18 +35,31 @@ fn probe(kad_proto: &str, rr_proto: &str) -> ProbeSwarm {
     let rr_proto = StreamProtocol::try_from_owned(rr_proto.to_string()).unwrap();
     libp2p::SwarmBuilder::with_new_identity()
         .with_tokio()
-        .with_tcp(tcp::Config::default(), noise::Config::new, yamux::Config::default)
+        .with_tcp(
+            tcp::Config::default(),
+            noise::Config::new,
+            yamux::Config::default,
+        )
         .unwrap()
         .with_behaviour(|key| {
             let id = key.public().to_peer_id();
-            let mut kad = kad::Behaviour::with_config(id, MemoryStore::new(id), kad::Config::new(kad_proto));
+            let mut kad =
+                kad::Behaviour::with_config(id, MemoryStore::new(id), kad::Config::new(kad_proto));
             kad.set_mode(Some(kad::Mode::Client));
             Probe {
-                identify: identify::Behaviour::new(identify::Config::new("/probe/1.0.0".into(), key.public())),
-                ping: ping::Behaviour::new(ping::Config::new().with_interval(Duration::from_millis(200))),
+                identify: identify::Behaviour::new(identify::Config::new(
+                    "/probe/1.0.0".into(),
+                    key.public(),
+                )),
+                ping: ping::Behaviour::new(
+                    ping::Config::new().with_interval(Duration::from_millis(200)),
+                ),
                 kad,
                 rr: request_response::Behaviour::with_codec(
-                    WireCodec { max_frame: 64 << 20, traffic: Arc::new(TrafficCounters::default()) },
+                    WireCodec {
+                        max_frame: 64 << 20,
+                        traffic: Arc::new(TrafficCounters::default()),
+                    },
                     [(rr_proto, ProtocolSupport::Full)],
                     request_response::Config::default(),
                 ),
@@ -60,38 +76,80 @@ async fn request(swarm: &mut ProbeSwarm, peer: PeerId, req: Request) -> Response
         loop {
             if let SwarmEvent::Behaviour(ProbeEvent::Rr(ev)) = swarm.select_next_some().await {
                 match ev {
-                    request_response::Event::Message { message: request_response::Message::Response { request_id, response }, .. } if request_id == id => return response,
-                    request_response::Event::OutboundFailure { request_id, error, .. } if request_id == id => panic!("request failed: {error}"),
+                    request_response::Event::Message {
+                        message:
+                            request_response::Message::Response {
+                                request_id,
+                                response,
+                            },
+                        ..
+                    } if request_id == id => return response,
+                    request_response::Event::OutboundFailure {
+                        request_id, error, ..
+                    } if request_id == id => panic!("request failed: {error}"),
                     _ => {}
                 }
             }
         }
     };
-    tokio::time::timeout(Duration::from_secs(30), fut).await.expect("request timed out")
+    tokio::time::timeout(Duration::from_secs(30), fut)
+        .await
+        .expect("request timed out")
 }
 
-fn signed(key: &SigningKey, swarm: &SignedManifest, round: u64, base: nightshift_protocol::Hash32, values: &[f32], tokens: u64) -> SignedEnvelope {
-    let c = Contribution { tokens, inner_steps: 1, train_loss: 1.0, delta: delta::encode(DeltaCodec::Fp32, values) };
-    let h = EnvelopeHeader { kind: PayloadKind::Contribution, swarm_id: swarm.swarm_id(), round, sender: [0; 32], base_hash: base };
+fn signed(
+    key: &SigningKey,
+    swarm: &SignedManifest,
+    round: u64,
+    base: nightshift_protocol::Hash32,
+    values: &[f32],
+    tokens: u64,
+) -> SignedEnvelope {
+    let c = Contribution {
+        tokens,
+        inner_steps: 1,
+        train_loss: 1.0,
+        delta: delta::encode(DeltaCodec::Fp32, values),
+    };
+    let h = EnvelopeHeader {
+        kind: PayloadKind::Contribution,
+        swarm_id: swarm.swarm_id(),
+        round,
+        sender: [0; 32],
+        base_hash: base,
+    };
     SignedEnvelope::sign(key, h, wire::encode(&c))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let swarm = TestSwarm::create(dir.path(), 2, &["--inner-steps", "60", "--warmup-steps", "5"]);
-    let manifest: SignedManifest = serde_json::from_str(&std::fs::read_to_string(&swarm.manifest).unwrap()).unwrap();
+    let swarm = TestSwarm::create(
+        dir.path(),
+        2,
+        &["--inner-steps", "60", "--warmup-steps", "5"],
+    );
+    let manifest: SignedManifest =
+        serde_json::from_str(&std::fs::read_to_string(&swarm.manifest).unwrap()).unwrap();
     let (_boot, addr) = swarm.bootstrap();
     let rounds = 4;
     let mut nodes: Vec<_> = (0..2).map(|i| swarm.node(i, &addr, rounds)).collect();
-    assert!(wait_until(Duration::from_secs(60), || (0..2).all(|i| !swarm.events(i).is_empty())));
+    assert!(wait_until(Duration::from_secs(60), || (0..2)
+        .all(|i| !swarm.events(i).is_empty())));
     let started: Vec<(PeerId, usize)> = (0..2)
         .map(|i| {
-            swarm.events(i).into_iter().find_map(|e| match e {
-                NodeEvent::Started { peer_id, num_params, .. } => Some((peer_id.parse().unwrap(), num_params)),
-                _ => None,
-            })
-            .unwrap()
+            swarm
+                .events(i)
+                .into_iter()
+                .find_map(|e| match e {
+                    NodeEvent::Started {
+                        peer_id,
+                        num_params,
+                        ..
+                    } => Some((peer_id.parse().unwrap(), num_params)),
+                    _ => None,
+                })
+                .unwrap()
         })
         .collect();
     let num_params = started[0].1;
@@ -99,8 +157,12 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
     let (kad_proto, rr_proto) = protocol_names(&manifest.swarm_id());
     let mut p = probe(&kad_proto, &rr_proto);
     let boot_addr: Multiaddr = addr.parse().unwrap();
-    let Some(libp2p::multiaddr::Protocol::P2p(boot_id)) = boot_addr.iter().last() else { panic!("no peer id in {addr}") };
-    p.behaviour_mut().kad.add_address(&boot_id, boot_addr.clone());
+    let Some(libp2p::multiaddr::Protocol::P2p(boot_id)) = boot_addr.iter().last() else {
+        panic!("no peer id in {addr}")
+    };
+    p.behaviour_mut()
+        .kad
+        .add_address(&boot_id, boot_addr.clone());
     p.dial(boot_addr).unwrap();
 
     // identify + ping with the bootstrap node, then FIND_NODE for the trainers.
@@ -111,15 +173,36 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut asked = false;
     while !(identified && pinged && want.is_subset(&found)) {
-        let ev = tokio::time::timeout_at(deadline, p.select_next_some()).await.expect("interop timed out");
+        let ev = tokio::time::timeout_at(deadline, p.select_next_some())
+            .await
+            .expect("interop timed out");
         match ev {
-            SwarmEvent::Behaviour(ProbeEvent::Identify(identify::Event::Received { peer_id, info, .. })) if peer_id == boot_id => {
-                assert!(info.agent_version.starts_with("nightshift/"), "{}", info.agent_version);
-                assert!(info.protocols.iter().any(|pr| pr.as_ref() == kad_proto), "{:?}", info.protocols);
+            SwarmEvent::Behaviour(ProbeEvent::Identify(identify::Event::Received {
+                peer_id,
+                info,
+                ..
+            })) if peer_id == boot_id => {
+                assert!(
+                    info.agent_version.starts_with("nightshift/"),
+                    "{}",
+                    info.agent_version
+                );
+                assert!(
+                    info.protocols.iter().any(|pr| pr.as_ref() == kad_proto),
+                    "{:?}",
+                    info.protocols
+                );
                 identified = true;
             }
-            SwarmEvent::Behaviour(ProbeEvent::Ping(ping::Event { peer, result: Ok(_), .. })) if peer == boot_id => pinged = true,
-            SwarmEvent::Behaviour(ProbeEvent::Kad(kad::Event::OutboundQueryProgressed { result: kad::QueryResult::GetClosestPeers(Ok(ok)), .. })) => {
+            SwarmEvent::Behaviour(ProbeEvent::Ping(ping::Event {
+                peer,
+                result: Ok(_),
+                ..
+            })) if peer == boot_id => pinged = true,
+            SwarmEvent::Behaviour(ProbeEvent::Kad(kad::Event::OutboundQueryProgressed {
+                result: kad::QueryResult::GetClosestPeers(Ok(ok)),
+                ..
+            })) => {
                 for info in ok.peers {
                     found.insert(info.peer_id);
                     addrs.push((info.peer_id, info.addrs));
@@ -135,16 +218,18 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
     }
 
     // Dial trainer 0 and push bad contributions bound to its current round and state.
-    let (n0, n0_addrs) = addrs.iter().find(|(id, _)| *id == started[0].0).cloned().unwrap();
+    let (n0, n0_addrs) = addrs
+        .iter()
+        .find(|(id, _)| *id == started[0].0)
+        .cloned()
+        .unwrap();
     for a in n0_addrs {
         p.behaviour_mut().kad.add_address(&n0, a);
     }
     let _ = p.dial(n0); // usually connected already by the FIND_NODE query
-    let status = loop {
-        match request(&mut p, n0, Request::GetStatus).await {
-            Response::Status(s) if s.round < rounds - 1 => break s,
-            other => panic!("unexpected status answer {other:?}"),
-        }
+    let status = match request(&mut p, n0, Request::GetStatus).await {
+        Response::Status(s) if s.round < rounds - 1 => s,
+        other => panic!("unexpected status answer {other:?}"),
     };
     let member = nightshift_bootstrap_key(&swarm, 1);
     let outsider = SigningKey::from_bytes(&[77; 32]);
@@ -162,7 +247,14 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
         signed(&outsider, &manifest, r, base, &ok, 100),
         tampered,
         signed(&member, &manifest, r + 7, base, &ok, 100),
-        signed(&member, &manifest, r, nightshift_protocol::Hash32::of(&[b"elsewhere"]), &ok, 100),
+        signed(
+            &member,
+            &manifest,
+            r,
+            nightshift_protocol::Hash32::of(&[b"elsewhere"]),
+            &ok,
+            100,
+        ),
         signed(&member, &manifest, r, base, &ok[1..], 100),
         signed(&member, &manifest, r, base, &nan, 100),
     ];
@@ -171,7 +263,12 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
     }
 
     for n in &mut nodes {
-        assert_eq!(n.wait_exit(Duration::from_secs(600)), Some(true), "{} did not finish cleanly", n.name);
+        assert_eq!(
+            n.wait_exit(Duration::from_secs(600)),
+            Some(true),
+            "{} did not finish cleanly",
+            n.name
+        );
     }
     let reasons: Vec<String> = swarm
         .events(0)
@@ -181,17 +278,37 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
             _ => None,
         })
         .collect();
-    for why in ["unsigned", "not a member", "does not verify", &format!("round {}", r + 7), "based on state", "values, the model has", "non-finite"] {
-        assert!(reasons.iter().any(|x| x.contains(why)), "no refusal mentioning {why:?} in {reasons:?}");
+    for why in [
+        "unsigned",
+        "not a member",
+        "does not verify",
+        &format!("round {}", r + 7),
+        "based on state",
+        "values, the model has",
+        "non-finite",
+    ] {
+        assert!(
+            reasons.iter().any(|x| x.contains(why)),
+            "no refusal mentioning {why:?} in {reasons:?}"
+        );
     }
     // The forgeries changed nothing: both nodes agree on every round, each formed by the two of them.
     let (h0, h1) = (swarm.hashes(0), swarm.hashes(1));
     for round in 1..=rounds {
-        assert_eq!(h0.get(&round), h1.get(&round), "disagreement at round {round}");
+        assert_eq!(
+            h0.get(&round),
+            h1.get(&round),
+            "disagreement at round {round}"
+        );
     }
     for e in swarm.events(0) {
         if let NodeEvent::RoundCompleted(rec) = e {
-            assert!(rec.contributors <= 2, "round {} counted {} contributors", rec.round, rec.contributors);
+            assert!(
+                rec.contributors <= 2,
+                "round {} counted {} contributors",
+                rec.round,
+                rec.contributors
+            );
         }
     }
 }

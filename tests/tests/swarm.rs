@@ -9,17 +9,39 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(600);
 #[test]
 fn three_nodes_find_each_other_and_train_five_rounds_in_agreement() {
     let dir = tempfile::tempdir().unwrap();
-    let swarm = TestSwarm::create(dir.path(), 3, &["--inner-steps", "15", "--warmup-steps", "5", "--inner-lr", "0.003"]);
+    let swarm = TestSwarm::create(
+        dir.path(),
+        3,
+        &[
+            "--inner-steps",
+            "15",
+            "--warmup-steps",
+            "5",
+            "--inner-lr",
+            "0.003",
+        ],
+    );
     let (_boot, addr) = swarm.bootstrap();
     let mut nodes: Vec<_> = (0..3).map(|i| swarm.node(i, &addr, 5)).collect();
     for n in &mut nodes {
-        assert_eq!(n.wait_exit(EXIT_TIMEOUT), Some(true), "{} did not finish cleanly", n.name);
+        assert_eq!(
+            n.wait_exit(EXIT_TIMEOUT),
+            Some(true),
+            "{} did not finish cleanly",
+            n.name
+        );
     }
     let h: Vec<_> = (0..3).map(|i| swarm.hashes(i)).collect();
     for round in 1..=5 {
-        let r0 = h[0].get(&round).unwrap_or_else(|| panic!("node 0 has no state for round {round}"));
+        let r0 = h[0]
+            .get(&round)
+            .unwrap_or_else(|| panic!("node 0 has no state for round {round}"));
         for (i, hi) in h.iter().enumerate().skip(1) {
-            assert_eq!(hi.get(&round), Some(r0), "node {i} disagrees at round {round}");
+            assert_eq!(
+                hi.get(&round),
+                Some(r0),
+                "node {i} disagrees at round {round}"
+            );
         }
     }
     // Every node heard from the two others (so they found each other through Kademlia).
@@ -28,7 +50,10 @@ fn three_nodes_find_each_other_and_train_five_rounds_in_agreement() {
         .iter()
         .filter(|e| matches!(e, NodeEvent::RoundCompleted(r) if r.contributors == 3))
         .count();
-    assert!(full_rounds >= 4, "only {full_rounds} rounds had all three contributions");
+    assert!(
+        full_rounds >= 4,
+        "only {full_rounds} rounds had all three contributions"
+    );
     let ev = swarm.events(0);
     let initial = ev.iter().find_map(|e| match e {
         NodeEvent::Started { val_loss, .. } => Some(*val_loss),
@@ -39,47 +64,89 @@ fn three_nodes_find_each_other_and_train_five_rounds_in_agreement() {
         _ => None,
     });
     let (initial, last) = (initial.unwrap(), last.unwrap());
-    assert!(last < initial - 0.3, "validation loss went {initial} -> {last}");
+    assert!(
+        last < initial - 0.3,
+        "validation loss went {initial} -> {last}"
+    );
 }
 
 #[test]
 fn a_killed_node_is_not_waited_for_and_resumes_from_its_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let swarm = TestSwarm::create(dir.path(), 3, &["--inner-steps", "150", "--warmup-steps", "5", "--deadline-secs", "120"]);
+    let swarm = TestSwarm::create(
+        dir.path(),
+        3,
+        &[
+            "--inner-steps",
+            "150",
+            "--warmup-steps",
+            "5",
+            "--deadline-secs",
+            "120",
+        ],
+    );
     let (_boot, addr) = swarm.bootstrap();
     let rounds = 14;
     let mut n0 = swarm.node(0, &addr, rounds);
     let mut n1 = swarm.node(1, &addr, rounds);
     let mut n2 = swarm.node(2, &addr, rounds);
-    assert!(wait_until(Duration::from_secs(300), || swarm.round_of(2) >= 2), "the swarm did not reach round 2");
+    assert!(
+        wait_until(Duration::from_secs(300), || swarm.round_of(2) >= 2),
+        "the swarm did not reach round 2"
+    );
     // SIGKILL in the middle of the next round.
     wait_until(Duration::from_secs(5), || {
-        swarm.events(2).iter().filter(|e| matches!(e, NodeEvent::RoundCompleted(_))).count() >= 2
+        swarm
+            .events(2)
+            .iter()
+            .filter(|e| matches!(e, NodeEvent::RoundCompleted(_)))
+            .count()
+            >= 2
     });
     n2.kill9();
     let killed_at = swarm.round_of(2);
     // The others finish the round without it (long before the 120 s deadline) and go on.
     assert!(
-        wait_until(Duration::from_secs(100), || swarm.round_of(0) >= killed_at + 2),
+        wait_until(Duration::from_secs(100), || swarm.round_of(0)
+            >= killed_at + 2),
         "the survivors stalled after the kill"
     );
     // Restart with the same store: it resumes from its checkpoint and catches up.
     let mut n2 = swarm.node(2, &addr, rounds);
     assert!(
-        wait_until(Duration::from_secs(60), || swarm.events(2).iter().any(|e| matches!(e, NodeEvent::Started { resumed: true, .. }))),
+        wait_until(Duration::from_secs(60), || swarm
+            .events(2)
+            .iter()
+            .any(|e| matches!(e, NodeEvent::Started { resumed: true, .. }))),
         "the restarted node did not resume"
     );
     for n in [&mut n0, &mut n1, &mut n2] {
-        assert_eq!(n.wait_exit(EXIT_TIMEOUT), Some(true), "{} did not finish cleanly", n.name);
+        assert_eq!(
+            n.wait_exit(EXIT_TIMEOUT),
+            Some(true),
+            "{} did not finish cleanly",
+            n.name
+        );
     }
     let started = swarm.events(2).into_iter().find_map(|e| match e {
-        NodeEvent::Started { round, resumed: true, .. } => Some(round),
+        NodeEvent::Started {
+            round,
+            resumed: true,
+            ..
+        } => Some(round),
         _ => None,
     });
-    assert!(started.unwrap() >= killed_at, "resumed from round {started:?}, had {killed_at}");
+    assert!(
+        started.unwrap() >= killed_at,
+        "resumed from round {started:?}, had {killed_at}"
+    );
     // It took part again after catching up, and everyone ends on the same state.
     let h: Vec<_> = (0..3).map(|i| swarm.hashes(i)).collect();
-    assert_eq!(h[2].get(&rounds), h[0].get(&rounds), "the restarted node ended on another state");
+    assert_eq!(
+        h[2].get(&rounds),
+        h[0].get(&rounds),
+        "the restarted node ended on another state"
+    );
     assert_eq!(h[1].get(&rounds), h[0].get(&rounds));
     for (round, hash) in &h[0] {
         for (i, hi) in h.iter().enumerate().skip(1) {
@@ -88,6 +155,13 @@ fn a_killed_node_is_not_waited_for_and_resumes_from_its_checkpoint() {
             }
         }
     }
-    let rejoined = swarm.events(2).iter().filter(|e| matches!(e, NodeEvent::RoundCompleted(r) if r.round > killed_at + 2)).count();
-    assert!(rejoined >= 1, "the restarted node completed no round after rejoining");
+    let rejoined = swarm
+        .events(2)
+        .iter()
+        .filter(|e| matches!(e, NodeEvent::RoundCompleted(r) if r.round > killed_at + 2))
+        .count();
+    assert!(
+        rejoined >= 1,
+        "the restarted node completed no round after rejoining"
+    );
 }

@@ -20,7 +20,10 @@ pub struct TrafficCounters {
 impl TrafficCounters {
     /// (sent, received) so far.
     pub fn snapshot(&self) -> (u64, u64) {
-        (self.sent.load(Ordering::Relaxed), self.received.load(Ordering::Relaxed))
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.received.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -31,12 +34,19 @@ pub struct WireCodec {
     pub traffic: Arc<TrafficCounters>,
 }
 
-async fn read_frame<T: AsyncRead + Unpin + Send>(io: &mut T, max: usize, c: &TrafficCounters) -> io::Result<Vec<u8>> {
+async fn read_frame<T: AsyncRead + Unpin + Send>(
+    io: &mut T,
+    max: usize,
+    c: &TrafficCounters,
+) -> io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     io.read_exact(&mut len).await?;
     let n = u32::from_be_bytes(len) as usize;
     if n > max {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {n} bytes exceeds {max}")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {n} bytes exceeds {max}"),
+        ));
     }
     let mut buf = vec![0u8; n];
     io.read_exact(&mut buf).await?;
@@ -44,8 +54,13 @@ async fn read_frame<T: AsyncRead + Unpin + Send>(io: &mut T, max: usize, c: &Tra
     Ok(buf)
 }
 
-async fn write_frame<T: AsyncWrite + Unpin + Send>(io: &mut T, bytes: &[u8], c: &TrafficCounters) -> io::Result<()> {
-    let n = u32::try_from(bytes.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
+async fn write_frame<T: AsyncWrite + Unpin + Send>(
+    io: &mut T,
+    bytes: &[u8],
+    c: &TrafficCounters,
+) -> io::Result<()> {
+    let n = u32::try_from(bytes.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
     io.write_all(&n.to_be_bytes()).await?;
     io.write_all(bytes).await?;
     io.flush().await?;
@@ -78,14 +93,24 @@ impl request_response::Codec for WireCodec {
         wire::decode(&buf, self.max_frame).map_err(invalid)
     }
 
-    async fn write_request<T>(&mut self, _: &StreamProtocol, io: &mut T, req: Request) -> io::Result<()>
+    async fn write_request<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        req: Request,
+    ) -> io::Result<()>
     where
         T: AsyncWrite + Unpin + Send,
     {
         write_frame(io, &wire::encode(&req), &self.traffic).await
     }
 
-    async fn write_response<T>(&mut self, _: &StreamProtocol, io: &mut T, res: Response) -> io::Result<()>
+    async fn write_response<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        res: Response,
+    ) -> io::Result<()>
     where
         T: AsyncWrite + Unpin + Send,
     {

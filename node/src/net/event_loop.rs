@@ -7,7 +7,9 @@ use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent, dial_opts::DialOpts};
 use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, identify, noise, ping, tcp, yamux};
-use nightshift_protocol::{Request, Response, SignedEnvelope, SignedManifest, StateSnapshot, Status};
+use nightshift_protocol::{
+    Request, Response, SignedEnvelope, SignedManifest, StateSnapshot, Status,
+};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -37,7 +39,13 @@ pub struct Served {
 impl Served {
     /// Nothing served yet but the manifest.
     pub fn new(manifest: Option<SignedManifest>) -> Self {
-        Served { status: None, contributions: HashMap::new(), state: None, genesis: None, manifest: manifest.map(Arc::new) }
+        Served {
+            status: None,
+            contributions: HashMap::new(),
+            state: None,
+            genesis: None,
+            manifest: manifest.map(Arc::new),
+        }
     }
 }
 
@@ -45,9 +53,15 @@ impl Served {
 #[derive(Debug)]
 pub enum NetEvent {
     /// A peer pushed a contribution (not yet verified).
-    ContributionPushed { peer: PeerId, envelope: SignedEnvelope },
+    ContributionPushed {
+        peer: PeerId,
+        envelope: SignedEnvelope,
+    },
     /// A peer announced its status.
-    StatusAnnounced { peer: PeerId, status: Status },
+    StatusAnnounced {
+        peer: PeerId,
+        status: Status,
+    },
     PeerConnected(PeerId),
     PeerDisconnected(PeerId),
 }
@@ -64,7 +78,11 @@ type Reply<T> = oneshot::Sender<T>;
 
 enum Command {
     Dial(Multiaddr, Reply<anyhow::Result<()>>),
-    Request { peer: PeerId, request: Request, reply: Reply<anyhow::Result<Response>> },
+    Request {
+        peer: PeerId,
+        request: Request,
+        reply: Reply<anyhow::Result<Response>>,
+    },
     Connected(Reply<Vec<PeerId>>),
     ListenAddrs(Reply<Vec<Multiaddr>>),
 }
@@ -81,8 +99,12 @@ pub struct NetHandle {
 impl NetHandle {
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> anyhow::Result<T> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(make(tx)).await.map_err(|_| anyhow::anyhow!("network task has stopped"))?;
-        rx.await.map_err(|_| anyhow::anyhow!("network task has stopped"))
+        self.tx
+            .send(make(tx))
+            .await
+            .map_err(|_| anyhow::anyhow!("network task has stopped"))?;
+        rx.await
+            .map_err(|_| anyhow::anyhow!("network task has stopped"))
     }
 
     /// Dials `addr`.
@@ -98,7 +120,12 @@ impl NetHandle {
     /// # Errors
     /// On any transport failure or time-out.
     pub async fn request(&self, peer: PeerId, request: Request) -> anyhow::Result<Response> {
-        self.call(|reply| Command::Request { peer, request, reply }).await?
+        self.call(|reply| Command::Request {
+            peer,
+            request,
+            reply,
+        })
+        .await?
     }
 
     /// Peers with an open connection.
@@ -127,10 +154,17 @@ pub fn spawn_network(
     let traffic = Arc::new(TrafficCounters::default());
     let kad_proto = StreamProtocol::try_from_owned(protocols.0).context("kad protocol name")?;
     let rr_proto = StreamProtocol::try_from_owned(protocols.1).context("rr protocol name")?;
-    let codec = WireCodec { max_frame, traffic: traffic.clone() };
+    let codec = WireCodec {
+        max_frame,
+        traffic: traffic.clone(),
+    };
     let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
-        .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)?
+        .with_tcp(
+            tcp::Config::default().nodelay(true),
+            noise::Config::new,
+            yamux::Config::default,
+        )?
         .with_behaviour(|key| {
             let peer = key.public().to_peer_id();
             let mut kcfg = kad::Config::new(kad_proto.clone());
@@ -155,7 +189,9 @@ pub fn spawn_network(
         })?
         .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(3600)))
         .build();
-    swarm.listen_on(listen.clone()).with_context(|| format!("cannot listen on {listen}"))?;
+    swarm
+        .listen_on(listen.clone())
+        .with_context(|| format!("cannot listen on {listen}"))?;
     for addr in bootstrap {
         if let Some(Protocol::P2p(peer)) = addr.iter().last() {
             swarm.behaviour_mut().kad.add_address(&peer, addr.clone());
@@ -166,8 +202,21 @@ pub fn spawn_network(
     }
     let (cmd_tx, cmd_rx) = mpsc::channel(256);
     let (ev_tx, ev_rx) = mpsc::channel(1024);
-    let handle = NetHandle { tx: cmd_tx, local_peer: *swarm.local_peer_id(), served: served.clone(), traffic };
-    let ev = EventLoop { swarm, cmds: cmd_rx, events: ev_tx, served, pending: HashMap::new(), kad_proto, listen_addrs: vec![] };
+    let handle = NetHandle {
+        tx: cmd_tx,
+        local_peer: *swarm.local_peer_id(),
+        served: served.clone(),
+        traffic,
+    };
+    let ev = EventLoop {
+        swarm,
+        cmds: cmd_rx,
+        events: ev_tx,
+        served,
+        pending: HashMap::new(),
+        kad_proto,
+        listen_addrs: vec![],
+    };
     tokio::spawn(ev.run());
     Ok((handle, ev_rx))
 }
@@ -206,7 +255,8 @@ impl EventLoop {
     }
 
     fn dial_peer(&mut self, peer: PeerId, addrs: Vec<Multiaddr>) {
-        if peer == *self.swarm.local_peer_id() || self.swarm.is_connected(&peer) || addrs.is_empty() {
+        if peer == *self.swarm.local_peer_id() || self.swarm.is_connected(&peer) || addrs.is_empty()
+        {
             return;
         }
         let opts = DialOpts::peer_id(peer).addresses(addrs).build();
@@ -218,10 +268,17 @@ impl EventLoop {
     fn on_command(&mut self, cmd: Command) {
         match cmd {
             Command::Dial(addr, reply) => {
-                let r = self.swarm.dial(addr).map_err(|e| anyhow::anyhow!("dial: {e}"));
+                let r = self
+                    .swarm
+                    .dial(addr)
+                    .map_err(|e| anyhow::anyhow!("dial: {e}"));
                 let _ = reply.send(r);
             }
-            Command::Request { peer, request, reply } => {
+            Command::Request {
+                peer,
+                request,
+                reply,
+            } => {
                 let id = self.swarm.behaviour_mut().rr.send_request(&peer, request);
                 self.pending.insert(id, reply);
             }
@@ -247,24 +304,30 @@ impl EventLoop {
                 info!(address = %full, "listening");
                 self.listen_addrs.push(full);
             }
-            SwarmEvent::ConnectionEstablished { peer_id, num_established, .. } => {
-                if num_established.get() == 1 {
-                    debug!(peer = %peer_id, "connected");
-                    self.forward(NetEvent::PeerConnected(peer_id));
-                }
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                num_established,
+                ..
+            } if num_established.get() == 1 => {
+                debug!(peer = %peer_id, "connected");
+                self.forward(NetEvent::PeerConnected(peer_id));
             }
-            SwarmEvent::ConnectionClosed { peer_id, num_established, .. } => {
-                if num_established == 0 {
-                    debug!(peer = %peer_id, "disconnected");
-                    self.forward(NetEvent::PeerDisconnected(peer_id));
-                }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                num_established: 0,
+                ..
+            } => {
+                debug!(peer = %peer_id, "disconnected");
+                self.forward(NetEvent::PeerDisconnected(peer_id));
             }
-            SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
+                peer_id,
+                info,
+                ..
+            })) if info.protocols.contains(&self.kad_proto) => {
                 // Only peers that speak this swarm's Kademlia protocol go into the routing table.
-                if info.protocols.contains(&self.kad_proto) {
-                    for addr in info.listen_addrs {
-                        self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
-                    }
+                for addr in info.listen_addrs {
+                    self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Kad(ev)) => self.on_kad(ev),
@@ -275,10 +338,15 @@ impl EventLoop {
 
     fn on_kad(&mut self, ev: kad::Event) {
         match ev {
-            kad::Event::RoutingUpdated { peer, addresses, .. } => {
+            kad::Event::RoutingUpdated {
+                peer, addresses, ..
+            } => {
                 self.dial_peer(peer, addresses.into_vec());
             }
-            kad::Event::OutboundQueryProgressed { result: kad::QueryResult::GetClosestPeers(Ok(ok)), .. } => {
+            kad::Event::OutboundQueryProgressed {
+                result: kad::QueryResult::GetClosestPeers(Ok(ok)),
+                ..
+            } => {
                 for p in ok.peers {
                     self.dial_peer(p.peer_id, p.addrs);
                 }
@@ -290,15 +358,34 @@ impl EventLoop {
     fn on_rr(&mut self, ev: request_response::Event<Request, Response>) {
         use request_response::{Event, Message};
         match ev {
-            Event::Message { peer, message: Message::Request { request, channel, .. }, .. } => {
+            Event::Message {
+                peer,
+                message:
+                    Message::Request {
+                        request, channel, ..
+                    },
+                ..
+            } => {
                 self.on_request(peer, request, channel);
             }
-            Event::Message { message: Message::Response { request_id, response }, .. } => {
+            Event::Message {
+                message:
+                    Message::Response {
+                        request_id,
+                        response,
+                    },
+                ..
+            } => {
                 if let Some(reply) = self.pending.remove(&request_id) {
                     let _ = reply.send(Ok(response));
                 }
             }
-            Event::OutboundFailure { request_id, error, peer, .. } => {
+            Event::OutboundFailure {
+                request_id,
+                error,
+                peer,
+                ..
+            } => {
                 if let Some(reply) = self.pending.remove(&request_id) {
                     let _ = reply.send(Err(anyhow::anyhow!("request to {peer} failed: {error}")));
                 }
@@ -322,7 +409,13 @@ impl EventLoop {
             }
             other => self.answer(other),
         };
-        if self.swarm.behaviour_mut().rr.send_response(channel, response).is_err() {
+        if self
+            .swarm
+            .behaviour_mut()
+            .rr
+            .send_response(channel, response)
+            .is_err()
+        {
             debug!(%peer, "peer went away before the response was sent");
         }
     }
@@ -336,18 +429,26 @@ impl EventLoop {
                 Some(s) => Response::Status(s.clone()),
                 None => Response::Refused("not ready".into()),
             },
-            Request::GetContribution { round, sender } => {
-                Response::Contribution(served.contributions.get(&(round, sender)).map(|e| (**e).clone()))
-            }
+            Request::GetContribution { round, sender } => Response::Contribution(
+                served
+                    .contributions
+                    .get(&(round, sender))
+                    .map(|e| (**e).clone()),
+            ),
             Request::GetState { round: Some(0) } => {
                 Response::State(served.genesis.as_ref().map(|s| (**s).clone()))
             }
             Request::GetState { round } => Response::State(
-                served.state.as_ref().filter(|s| round.is_none_or(|r| r == s.round)).map(|s| (**s).clone()),
+                served
+                    .state
+                    .as_ref()
+                    .filter(|s| round.is_none_or(|r| r == s.round))
+                    .map(|s| (**s).clone()),
             ),
-            Request::GetManifest => Response::Manifest(served.manifest.as_ref().map(|m| (**m).clone())),
+            Request::GetManifest => {
+                Response::Manifest(served.manifest.as_ref().map(|m| (**m).clone()))
+            }
             Request::Push(_) | Request::Announce(_) => Response::Ack,
         }
     }
 }
-

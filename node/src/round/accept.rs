@@ -3,7 +3,8 @@
 
 use nightshift_model::{WeightedDelta, weighted_average};
 use nightshift_protocol::{
-    Contribution, DecodeError, DeltaError, Expectation, Hash32, PayloadKind, SignedEnvelope, VerifyError, delta, wire,
+    Contribution, DecodeError, DeltaError, Expectation, Hash32, PayloadKind, SignedEnvelope,
+    VerifyError, delta, wire,
 };
 use std::collections::{BTreeMap, HashMap};
 use thiserror::Error;
@@ -71,16 +72,29 @@ pub fn accept(ctx: &RoundContext<'_>, env: &SignedEnvelope) -> Result<Accepted, 
         return Err(Refusal::NoTokens);
     }
     if c.tokens > ctx.max_tokens {
-        return Err(Refusal::TooManyTokens { got: c.tokens, max: ctx.max_tokens });
+        return Err(Refusal::TooManyTokens {
+            got: c.tokens,
+            max: ctx.max_tokens,
+        });
     }
     let delta = delta::decode(&c.delta, ctx.num_params)?;
-    Ok(Accepted { sender: env.header.sender, tokens: c.tokens, train_loss: c.train_loss, delta })
+    Ok(Accepted {
+        sender: env.header.sender,
+        tokens: c.tokens,
+        train_loss: c.train_loss,
+        delta,
+    })
 }
 
 /// The token-weighted mean of the accepted deltas, in sender order (the same on every node).
 pub fn aggregate(accepted: &BTreeMap<[u8; 32], Accepted>) -> Option<Vec<f32>> {
-    let parts: Vec<WeightedDelta<'_>> =
-        accepted.values().map(|a| WeightedDelta { delta: &a.delta, weight: a.tokens as f64 }).collect();
+    let parts: Vec<WeightedDelta<'_>> = accepted
+        .values()
+        .map(|a| WeightedDelta {
+            delta: &a.delta,
+            weight: a.tokens as f64,
+        })
+        .collect();
     weighted_average(&parts)
 }
 
@@ -124,15 +138,38 @@ mod tests {
         }
     }
 
-    fn contribution(k: &SigningKey, round: u64, base: Hash32, delta: EncodedDelta, tokens: u64) -> SignedEnvelope {
-        let c = Contribution { tokens, inner_steps: 10, train_loss: 2.0, delta };
-        let h = EnvelopeHeader { kind: PayloadKind::Contribution, swarm_id: Hash32::of(&[b"swarm"]), round, sender: [0; 32], base_hash: base };
+    fn contribution(
+        k: &SigningKey,
+        round: u64,
+        base: Hash32,
+        delta: EncodedDelta,
+        tokens: u64,
+    ) -> SignedEnvelope {
+        let c = Contribution {
+            tokens,
+            inner_steps: 10,
+            train_loss: 2.0,
+            delta,
+        };
+        let h = EnvelopeHeader {
+            kind: PayloadKind::Contribution,
+            swarm_id: Hash32::of(&[b"swarm"]),
+            round,
+            sender: [0; 32],
+            base_hash: base,
+        };
         SignedEnvelope::sign(k, h, wire::encode(&c))
     }
 
     fn good(i: u8, tokens: u64) -> SignedEnvelope {
         let d: Vec<f32> = (0..N).map(|j| (j as f32 + i as f32) * 1e-3).collect();
-        contribution(&key(i), 5, Hash32::of(&[b"theta5"]), delta::encode(DeltaCodec::Fp32, &d), tokens)
+        contribution(
+            &key(i),
+            5,
+            Hash32::of(&[b"theta5"]),
+            delta::encode(DeltaCodec::Fp32, &d),
+            tokens,
+        )
     }
 
     #[test]
@@ -151,21 +188,63 @@ mod tests {
         unsigned.signature.clear();
         let outsider = {
             let d = vec![0.5f32; N];
-            contribution(&key(9), 5, ctx.base_hash, delta::encode(DeltaCodec::Fp32, &d), 1000)
+            contribution(
+                &key(9),
+                5,
+                ctx.base_hash,
+                delta::encode(DeltaCodec::Fp32, &d),
+                1000,
+            )
         };
         let mut tampered = good(3, 1000);
         let last = tampered.payload.len() - 1;
         tampered.payload[last] ^= 0x55;
-        let stale = contribution(&key(3), 4, ctx.base_hash, delta::encode(DeltaCodec::Fp32, &[0.1; N]), 1000);
-        let wrong_base = contribution(&key(3), 5, Hash32::of(&[b"theta4"]), delta::encode(DeltaCodec::Fp32, &[0.1; N]), 1000);
-        let wrong_len = contribution(&key(3), 5, ctx.base_hash, delta::encode(DeltaCodec::Fp32, &[0.1; N + 1]), 1000);
+        let stale = contribution(
+            &key(3),
+            4,
+            ctx.base_hash,
+            delta::encode(DeltaCodec::Fp32, &[0.1; N]),
+            1000,
+        );
+        let wrong_base = contribution(
+            &key(3),
+            5,
+            Hash32::of(&[b"theta4"]),
+            delta::encode(DeltaCodec::Fp32, &[0.1; N]),
+            1000,
+        );
+        let wrong_len = contribution(
+            &key(3),
+            5,
+            ctx.base_hash,
+            delta::encode(DeltaCodec::Fp32, &[0.1; N + 1]),
+            1000,
+        );
         let mut nan = vec![0.1f32; N];
         nan[7] = f32::NAN;
-        let nan = contribution(&key(3), 5, ctx.base_hash, delta::encode(DeltaCodec::Fp32, &nan), 1000);
+        let nan = contribution(
+            &key(3),
+            5,
+            ctx.base_hash,
+            delta::encode(DeltaCodec::Fp32, &nan),
+            1000,
+        );
         let mut inf = vec![0.1f32; N];
         inf[0] = f32::NEG_INFINITY;
-        let inf = contribution(&key(3), 5, ctx.base_hash, delta::encode(DeltaCodec::Int8 { block: 8 }, &inf), 1000);
-        let greedy = contribution(&key(3), 5, ctx.base_hash, delta::encode(DeltaCodec::Fp32, &[0.1; N]), 1 << 40);
+        let inf = contribution(
+            &key(3),
+            5,
+            ctx.base_hash,
+            delta::encode(DeltaCodec::Int8 { block: 8 }, &inf),
+            1000,
+        );
+        let greedy = contribution(
+            &key(3),
+            5,
+            ctx.base_hash,
+            delta::encode(DeltaCodec::Fp32, &[0.1; N]),
+            1 << 40,
+        );
 
         let cases = [
             ("unsigned", unsigned, "unsigned"),
