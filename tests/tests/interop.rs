@@ -132,7 +132,7 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
     let manifest: SignedManifest =
         serde_json::from_str(&std::fs::read_to_string(&swarm.manifest).unwrap()).unwrap();
     let (_boot, addr) = swarm.bootstrap();
-    let rounds = 4;
+    let rounds = 6;
     let mut nodes: Vec<_> = (0..2).map(|i| swarm.node(i, &addr, rounds)).collect();
     assert!(wait_until(Duration::from_secs(60), || (0..2)
         .all(|i| !swarm.events(i).is_empty())));
