@@ -8,7 +8,6 @@ use libp2p::multiaddr::Protocol;
 use nightshift_bootstrap::{SwarmSettings, build_manifest, generate_key, read_key, write_key};
 use nightshift_protocol::{DeltaCodec, Hash32, Request, Response, SignedManifest};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 use tokio::sync::watch;
 use tracing::info;
 
@@ -366,12 +365,7 @@ async fn fetch_manifest(bootstrap: &[Multiaddr], id: Hash32) -> anyhow::Result<S
         let Some(Protocol::P2p(peer)) = addr.iter().last() else {
             continue;
         };
-        for _ in 0..50 {
-            if net.connected().await.contains(&peer) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        // request-response dials the peer itself (Kademlia knows its address) and waits for it.
         if let Ok(Response::Manifest(Some(m))) = net.request(peer, Request::GetManifest).await {
             if m.swarm_id() != id {
                 bail!(

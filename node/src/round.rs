@@ -357,16 +357,20 @@ impl<B: AutodiffBackend> Driver<B> {
             s.status = Some(status.clone());
         }
         for peer in self.net.connected().await {
-            let net = self.net.clone();
-            let st = status.clone();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(LOOKUP_TIMEOUT_SECS),
-                    net.request(peer, Request::Announce(st)),
-                )
-                .await;
-            });
+            self.send_status(peer, status.clone());
         }
+    }
+
+    /// Tells `peer` our status in the background (best effort, bounded by a time-out).
+    fn send_status(&self, peer: PeerId, status: Status) {
+        let net = self.net.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(LOOKUP_TIMEOUT_SECS),
+                net.request(peer, Request::Announce(status)),
+            )
+            .await;
+        });
     }
 
     fn trainer_peers(&self) -> Vec<(PeerId, &Status)> {
@@ -436,7 +440,14 @@ impl<B: AutodiffBackend> Driver<B> {
                 );
                 last_log = Instant::now();
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            self.next_event_within(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Handles the next network event, waiting for it at most `max` (then the caller re-polls).
+    async fn next_event_within(&mut self, max: Duration) {
+        if let Ok(Some(ev)) = tokio::time::timeout(max, self.events.recv()).await {
+            self.on_event(ev, None).await;
         }
     }
 
@@ -460,7 +471,7 @@ impl<B: AutodiffBackend> Driver<B> {
             if lagging == 0 || Instant::now() >= until || self.shutting_down() {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            self.next_event_within(Duration::from_millis(200)).await;
         }
         let active: Vec<(PeerId, Status)> = self
             .trainer_peers()
@@ -678,15 +689,7 @@ impl<B: AutodiffBackend> Driver<B> {
             }
             NetEvent::PeerConnected(peer) => {
                 self.connected.insert(peer);
-                let net = self.net.clone();
-                let st = self.status();
-                tokio::spawn(async move {
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(LOOKUP_TIMEOUT_SECS),
-                        net.request(peer, Request::Announce(st)),
-                    )
-                    .await;
-                });
+                self.send_status(peer, self.status());
             }
             NetEvent::PeerDisconnected(peer) => {
                 self.connected.remove(&peer);

@@ -67,7 +67,12 @@ impl Store {
     /// # Errors
     /// On storage failure.
     pub fn set_identity(&self, secret: &[u8; 32]) -> Result<(), StoreError> {
-        self.db.insert(KEY_IDENTITY, secret.as_slice())?;
+        self.put(KEY_IDENTITY, secret)
+    }
+
+    /// One atomic insert, flushed to disk before returning.
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.db.insert(key, value)?;
         self.db.flush()?;
         Ok(())
     }
@@ -85,9 +90,7 @@ impl Store {
     /// # Errors
     /// On storage failure.
     pub fn set_manifest(&self, m: &SignedManifest) -> Result<(), StoreError> {
-        self.db.insert(KEY_MANIFEST, wire::encode(m))?;
-        self.db.flush()?;
-        Ok(())
+        self.put(KEY_MANIFEST, &wire::encode(m))
     }
 
     /// The latest checkpoint, if any.
@@ -103,9 +106,7 @@ impl Store {
     /// # Errors
     /// On storage failure; the previous checkpoint is then still in place.
     pub fn save_checkpoint(&self, s: &StateSnapshot) -> Result<(), StoreError> {
-        self.db.insert(KEY_STATE, wire::encode(s))?;
-        self.db.flush()?;
-        Ok(())
+        self.put(KEY_STATE, &wire::encode(s))
     }
 
     fn get<T: serde::de::DeserializeOwned>(

@@ -165,3 +165,39 @@ fn a_killed_node_is_not_waited_for_and_resumes_from_its_checkpoint() {
         "the restarted node completed no round after rejoining"
     );
 }
+
+#[test]
+fn a_node_given_only_the_swarm_id_fetches_the_manifest_from_the_bootstrap() {
+    let dir = tempfile::tempdir().unwrap();
+    let swarm = TestSwarm::create(dir.path(), 1, &[]);
+    let manifest: nightshift_protocol::SignedManifest =
+        serde_json::from_str(&std::fs::read_to_string(&swarm.manifest).unwrap()).unwrap();
+    let (_boot, addr) = swarm.bootstrap();
+    let data_dir = dir.path().join("fetcher");
+    let run = |id: &str| {
+        std::process::Command::new(nightshift_tests::nightshift_bin())
+            .args(["run", "--bootstrap", &addr, "--swarm", id, "--rounds", "0"])
+            .args([
+                "--data-dir",
+                data_dir.to_str().unwrap(),
+                "--listen",
+                "/ip4/127.0.0.1/tcp/0",
+            ])
+            .output()
+            .unwrap()
+    };
+    let ok = run(&manifest.swarm_id().to_hex());
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // The fetched manifest was checked against the id and stored.
+    let wrong = run(&"ab".repeat(32));
+    assert!(!wrong.status.success());
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("manifest"),
+        "{}",
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+}

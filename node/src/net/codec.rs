@@ -68,8 +68,14 @@ async fn write_frame<T: AsyncWrite + Unpin + Send>(
     Ok(())
 }
 
-fn invalid(e: impl std::fmt::Display) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+/// Reads one frame and decodes it as a `T`.
+async fn read_value<T, IO>(io: &mut IO, max: usize, c: &TrafficCounters) -> io::Result<T>
+where
+    T: serde::de::DeserializeOwned,
+    IO: AsyncRead + Unpin + Send,
+{
+    let buf = read_frame(io, max, c).await?;
+    wire::decode(&buf, max).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
 }
 
 impl request_response::Codec for WireCodec {
@@ -81,16 +87,14 @@ impl request_response::Codec for WireCodec {
     where
         T: AsyncRead + Unpin + Send,
     {
-        let buf = read_frame(io, self.max_frame, &self.traffic).await?;
-        wire::decode(&buf, self.max_frame).map_err(invalid)
+        read_value(io, self.max_frame, &self.traffic).await
     }
 
     async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Response>
     where
         T: AsyncRead + Unpin + Send,
     {
-        let buf = read_frame(io, self.max_frame, &self.traffic).await?;
-        wire::decode(&buf, self.max_frame).map_err(invalid)
+        read_value(io, self.max_frame, &self.traffic).await
     }
 
     async fn write_request<T>(
