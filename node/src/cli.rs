@@ -34,6 +34,9 @@ pub enum Command {
     Bootstrap(BootstrapArgs),
     /// Join a swarm and train.
     Run(RunArgs),
+    /// Benchmarks (see BENCHMARKS.md).
+    #[command(subcommand)]
+    Bench(crate::bench::BenchCommand),
     /// Write a new ed25519 identity key.
     Keygen {
         /// Where to write the key (JSON).
@@ -299,6 +302,10 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             .await
         }
         Command::Run(a) => run(a).await,
+        Command::Bench(crate::bench::BenchCommand::Convergence(a)) => {
+            tokio::task::spawn_blocking(move || crate::bench::run_convergence(a)).await??;
+            Ok(())
+        }
     }
 }
 

@@ -177,69 +177,19 @@ pub fn build_report(
     })
 }
 
-/// A small SVG line chart of validation loss against round.
+/// The demo's loss curve: validation loss against round, starting at θ(0).
 pub fn loss_svg(initial: f32, rounds: &[(u64, f32)]) -> String {
-    let pts: Vec<(f64, f64)> = std::iter::once((0.0, initial as f64))
+    let points = std::iter::once((0.0, initial as f64))
         .chain(rounds.iter().map(|(r, l)| (*r as f64, *l as f64)))
         .collect();
-    let (w, h, m) = (640.0, 400.0, 60.0);
-    let xmax = pts.iter().map(|p| p.0).fold(1.0, f64::max);
-    let ymin = pts.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
-    let ymax = pts.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
-    let (ymin, ymax) = if (ymax - ymin).abs() < 1e-9 {
-        (ymin - 0.5, ymax + 0.5)
-    } else {
-        (ymin, ymax)
-    };
-    let sx = |x: f64| m + x / xmax * (w - 2.0 * m);
-    let sy = |y: f64| h - m - (y - ymin) / (ymax - ymin) * (h - 2.0 * m);
-    let line: Vec<String> = pts
-        .iter()
-        .map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y)))
-        .collect();
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">nightshift demo: validation loss per round</text>\n\
-         <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n",
-        w / 2.0,
-        h - m,
-        w - m,
-        h - m,
-        h - m
-    );
-    for i in 0..=4 {
-        let y = ymin + (ymax - ymin) * i as f64 / 4.0;
-        s += &format!(
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{y:.3}</text>\n",
-            m - 6.0,
-            sy(y) + 4.0
-        );
-    }
-    for (x, _) in &pts {
-        s += &format!(
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{x}</text>\n",
-            sx(*x),
-            h - m + 18.0
-        );
-    }
-    s += &format!(
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">round</text>\n",
-        w / 2.0,
-        h - 12.0
-    );
-    s += &format!(
-        "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n",
-        line.join(" ")
-    );
-    for (x, y) in &pts {
-        s += &format!(
-            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#1f77b4\"/>\n",
-            sx(*x),
-            sy(*y)
-        );
-    }
-    s + "</svg>\n"
+    crate::plot::line_chart(
+        "nightshift demo: validation loss per round",
+        "round",
+        &[crate::plot::Series {
+            name: "swarm".into(),
+            points,
+        }],
+    )
 }
 
 /// Prints above the progress bar, or plainly when there is no terminal to draw it on.

@@ -759,19 +759,14 @@ impl<B: AutodiffBackend> Driver<B> {
         let base = self.state.params.clone();
         let codec = t.codec;
         let mut ef = std::mem::take(&mut self.ef);
-        let (enc, sent, ef) = tokio::task::spawn_blocking(move || {
-            let mut d: Vec<f32> = base.iter().zip(&theta_i).map(|(a, b)| a - b).collect();
-            ef.compensate(&mut d);
-            let enc = delta::encode(codec, &d);
-            let sent = delta::decode(&enc, d.len());
-            if let Ok(s) = &sent {
-                ef.record(&d, s);
-            }
-            (enc, sent, ef)
+        let (encoded, ef) = tokio::task::spawn_blocking(move || {
+            let r = accept::encode_delta(&base, &theta_i, codec, &mut ef);
+            (r, ef)
         })
         .await?;
         self.ef = ef;
-        let sent = sent.context("our own delta does not decode (non-finite training?)")?;
+        let (enc, sent) =
+            encoded.context("our own delta does not decode (non-finite training?)")?;
         let wire_delta_bytes = enc.body.len() as u64;
         let contribution = Contribution {
             tokens: report.tokens,

@@ -1,10 +1,10 @@
 //! Pure round logic: accepting a contribution, aggregating a round, choosing the canonical state.
 //! No I/O, so every rule here is tested directly.
 
-use nightshift_model::{WeightedDelta, weighted_average};
+use nightshift_model::{ErrorFeedback, WeightedDelta, weighted_average};
 use nightshift_protocol::{
-    Contribution, DecodeError, DeltaError, Expectation, Hash32, PayloadKind, SignedEnvelope,
-    VerifyError, delta, wire,
+    Contribution, DecodeError, DeltaCodec, DeltaError, EncodedDelta, Expectation, Hash32,
+    PayloadKind, SignedEnvelope, VerifyError, delta, wire,
 };
 use std::collections::{BTreeMap, HashMap};
 use thiserror::Error;
@@ -86,6 +86,26 @@ pub fn accept(ctx: &RoundContext<'_>, env: &SignedEnvelope) -> Result<Accepted, 
     })
 }
 
+/// This node's pseudo-gradient for the wire: Δ = θ(r) − θ_local plus the error-feedback residual,
+/// encoded with `codec`. Returns the encoding and the decoded values — what every peer will
+/// average, so the node averages exactly that too — and updates `ef` with what was lost.
+///
+/// # Errors
+/// When Δ does not survive its own codec (non-finite values from diverged training).
+pub fn encode_delta(
+    base: &[f32],
+    local: &[f32],
+    codec: DeltaCodec,
+    ef: &mut ErrorFeedback,
+) -> Result<(EncodedDelta, Vec<f32>), DeltaError> {
+    let mut d: Vec<f32> = base.iter().zip(local).map(|(a, b)| a - b).collect();
+    ef.compensate(&mut d);
+    let enc = delta::encode(codec, &d);
+    let sent = delta::decode(&enc, d.len())?;
+    ef.record(&d, &sent);
+    Ok((enc, sent))
+}
+
 /// The token-weighted mean of the accepted deltas, in sender order (the same on every node).
 pub fn aggregate(accepted: &BTreeMap<[u8; 32], Accepted>) -> Option<Vec<f32>> {
     let parts: Vec<WeightedDelta<'_>> = accepted
@@ -119,7 +139,6 @@ mod tests {
     use super::*;
     use ed25519_dalek::SigningKey;
     use nightshift_protocol::signed::EnvelopeHeader;
-    use nightshift_protocol::{DeltaCodec, EncodedDelta};
 
     const N: usize = 64;
 

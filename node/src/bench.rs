@@ -1,0 +1,582 @@
+//! `nightshift bench convergence`: K DiLoCo replicas simulated in one process, through the same
+//! code the nodes run (the burn inner loop, `encode_delta` with error feedback, token-weighted
+//! `aggregate`, the Nesterov `OuterOptimizer`), against single-worker and synchronous baselines
+//! at equal tokens.
+//!
+//! `sync` (K replicas averaging gradients every step) is run as one model on K·batch samples per
+//! step: the mean of K equal-size batches' mean-loss gradients is the gradient of the mean loss
+//! over their union, so the two are the same computation.
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use nightshift_model::backend::{CpuTrain, cpu_device};
+use nightshift_model::{
+    Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer,
+    eval, flat,
+};
+use nightshift_protocol::{DeltaCodec, delta};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::cli::SwarmFlags;
+use crate::plot::{Series, line_chart};
+use crate::round::accept::{Accepted, aggregate, encode_delta};
+
+/// `nightshift bench ...`
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// DiLoCo against single-worker and synchronous training at equal tokens.
+    Convergence(ConvergenceArgs),
+}
+
+/// Flags of `nightshift bench convergence`. The recipe flags (`--preset`, `--inner-lr`, `--codec`,
+/// `--inner-steps` = the base H, ...) are those of `swarm init`.
+#[derive(Args, Debug)]
+pub struct ConvergenceArgs {
+    /// Run groups to include: single, sync, diloco, codecs, drop.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "single,sync,diloco,codecs,drop"
+    )]
+    pub runs: Vec<String>,
+    /// Worker counts of the DiLoCo grid.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+    pub k: Vec<usize>,
+    /// Inner steps of the DiLoCo grid.
+    #[arg(long, value_delimiter = ',', default_value = "10,50,100,250")]
+    pub h: Vec<u32>,
+    /// K of the sync, codec and drop runs.
+    #[arg(long, default_value_t = 4)]
+    pub base_k: usize,
+    /// Codecs compared on DiLoCo (base K, base H).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "fp32,fp16,int8:64,int4:64,topk:10,topk:30"
+    )]
+    pub codecs: Vec<DeltaCodec>,
+    /// Probabilities of dropping each contribution.
+    #[arg(long, value_delimiter = ',', default_value = "0.3,0.5")]
+    pub drop: Vec<f64>,
+    /// T: the per-worker step budget.
+    #[arg(long, default_value_t = 1000)]
+    pub steps: u32,
+    /// Evaluate every this many per-worker steps (single and sync runs; DiLoCo evaluates per round).
+    #[arg(long, default_value_t = 50)]
+    pub eval_every: u32,
+    #[arg(long, default_value_t = 8)]
+    pub val_batches: usize,
+    /// Write every run (with its loss curve) as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the loss curves (SVG).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub recipe: SwarmFlags,
+}
+
+/// One run's outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunResult {
+    pub name: String,
+    pub k: usize,
+    pub h: u32,
+    pub codec: String,
+    pub drop: f64,
+    pub final_val_loss: f32,
+    pub tokens: u64,
+    pub per_worker_steps: u32,
+    pub bytes_per_node_per_round: u64,
+    pub total_bytes: u64,
+    /// (per-worker steps, validation loss)
+    pub curve: Vec<(u32, f32)>,
+    /// Training throughput of the whole run (all workers), tokens per second of training time.
+    pub tokens_per_sec: f64,
+    pub wall_secs: f64,
+}
+
+impl RunResult {
+    /// First per-worker step count at which the curve reaches `target` (or below).
+    pub fn steps_to(&self, target: f32) -> Option<u32> {
+        self.curve
+            .iter()
+            .find(|(_, l)| *l <= target)
+            .map(|(s, _)| *s)
+    }
+}
+
+/// What every run shares: data, architecture, recipe, genesis.
+pub struct Setup {
+    corpus: Corpus,
+    cfg: GptConfig,
+    inner: InnerConfig,
+    outer_lr: f32,
+    outer_momentum: f32,
+    genesis: Vec<f32>,
+    val: Vec<(Vec<i32>, Vec<i32>)>,
+    seed: u64,
+}
+
+impl Setup {
+    /// Builds the shared setup from a recipe.
+    ///
+    /// # Errors
+    /// On an unknown preset or an unusable corpus.
+    pub fn new(recipe: &SwarmFlags, val_batches: usize) -> anyhow::Result<Self> {
+        let s = recipe.settings("bench", vec![]);
+        let text = match &s.data {
+            Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?,
+            None => nightshift_model::data::EMBEDDED_CORPUS.to_vec(),
+        };
+        let tok = Tokenizer::from_corpus(&text);
+        let cfg = GptConfig::preset(&s.preset, tok.len())
+            .with_context(|| format!("unknown preset {:?}", s.preset))?;
+        let corpus = Corpus::new(&text, &tok, s.val_permille, cfg.seq_len)?;
+        let genesis =
+            flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&cpu_device()), s.init_seed);
+        let val = corpus.val_batches(s.batch_size as usize, cfg.seq_len, val_batches);
+        let inner = InnerConfig {
+            lr: s.inner_lr as f64,
+            warmup_steps: s.warmup_steps as u64,
+            batch_size: s.batch_size as usize,
+            weight_decay: s.weight_decay,
+            grad_clip: s.grad_clip,
+        };
+        Ok(Setup {
+            corpus,
+            cfg,
+            inner,
+            outer_lr: s.outer_lr,
+            outer_momentum: s.outer_momentum,
+            genesis,
+            val,
+            seed: s.init_seed,
+        })
+    }
+
+    fn trainer(&self, batch_mult: usize) -> anyhow::Result<InnerTrainer<CpuTrain>> {
+        let inner = InnerConfig {
+            batch_size: self.inner.batch_size * batch_mult,
+            ..self.inner.clone()
+        };
+        Ok(InnerTrainer::new(
+            &self.cfg,
+            inner,
+            &self.genesis,
+            &cpu_device(),
+        )?)
+    }
+
+    fn val_loss(&self, t: &InnerTrainer<CpuTrain>) -> f32 {
+        eval::val_loss(&t.eval_model(), &self.val)
+    }
+
+    fn tokens_per_step(&self) -> u64 {
+        (self.inner.batch_size * self.cfg.seq_len) as u64
+    }
+
+    /// One model for `steps` steps on `batch_mult`·batch samples per step.
+    ///
+    /// # Errors
+    /// When the model cannot be built.
+    pub fn run_single(
+        &self,
+        name: &str,
+        steps: u32,
+        batch_mult: usize,
+        eval_every: u32,
+    ) -> anyhow::Result<RunResult> {
+        let start = Instant::now();
+        let mut t = self.trainer(batch_mult)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        let shard = self.corpus.full_shard();
+        let mut curve = vec![(0, self.val_loss(&t))];
+        let (mut done, mut train_secs) = (0, 0.0);
+        while done < steps {
+            let n = eval_every.max(1).min(steps - done);
+            let t0 = Instant::now();
+            t.train(&self.corpus, &shard, &mut rng, n, &|| false);
+            train_secs += t0.elapsed().as_secs_f64();
+            done += n;
+            curve.push((done, self.val_loss(&t)));
+        }
+        let tokens = steps as u64 * self.tokens_per_step() * batch_mult as u64;
+        let dense = delta::dense_bytes(self.genesis.len()) as u64;
+        let (per_round, total) = if batch_mult > 1 {
+            (dense, dense * batch_mult as u64 * steps as u64)
+        } else {
+            (0, 0)
+        };
+        Ok(RunResult {
+            name: name.into(),
+            k: batch_mult,
+            h: 1,
+            codec: if batch_mult > 1 {
+                "fp32 (gradients)".into()
+            } else {
+                "-".into()
+            },
+            drop: 0.0,
+            final_val_loss: curve.last().map(|c| c.1).unwrap_or(f32::NAN),
+            tokens,
+            per_worker_steps: steps,
+            bytes_per_node_per_round: per_round,
+            total_bytes: total,
+            curve,
+            tokens_per_sec: tokens as f64 / train_secs.max(1e-9),
+            wall_secs: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// K workers, H inner steps per round, `steps` per worker in all.
+    ///
+    /// # Errors
+    /// When a model cannot be built or a worker's delta does not survive its codec.
+    pub fn run_diloco(
+        &self,
+        name: &str,
+        k: usize,
+        h: u32,
+        codec: DeltaCodec,
+        drop: f64,
+        steps: u32,
+    ) -> anyhow::Result<RunResult> {
+        let start = Instant::now();
+        let mut workers: Vec<(InnerTrainer<CpuTrain>, ChaCha8Rng, Shard, ErrorFeedback)> = (0..k)
+            .map(|i| {
+                Ok((
+                    self.trainer(1)?,
+                    ChaCha8Rng::seed_from_u64(self.seed ^ ((i as u64 + 1) * 0x9E37)),
+                    self.corpus.shard(i, k),
+                    ErrorFeedback::default(),
+                ))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let mut drops = ChaCha8Rng::seed_from_u64(self.seed ^ 0xD209);
+        let mut theta = self.genesis.clone();
+        let mut outer = OuterOptimizer::new(self.outer_lr, self.outer_momentum, theta.len());
+        let mut curve = vec![(0, self.val_loss(&workers[0].0))];
+        let (mut done, mut train_secs, mut bytes, mut sends, mut tokens) =
+            (0u32, 0.0, 0u64, 0u64, 0u64);
+        while done < steps {
+            let n = h.min(steps - done);
+            let mut collected = BTreeMap::new();
+            for (i, (t, rng, shard, ef)) in workers.iter_mut().enumerate() {
+                let t0 = Instant::now();
+                let rep = t.train(&self.corpus, shard, rng, n, &|| false);
+                train_secs += t0.elapsed().as_secs_f64();
+                tokens += rep.tokens;
+                let (enc, sent) = encode_delta(&theta, &t.params(), codec, ef)?;
+                bytes += enc.body.len() as u64;
+                sends += 1;
+                if drops.random::<f64>() >= drop {
+                    let sender = [i as u8; 32];
+                    collected.insert(
+                        sender,
+                        Accepted {
+                            sender,
+                            tokens: rep.tokens,
+                            train_loss: rep.mean_loss,
+                            delta: sent,
+                        },
+                    );
+                }
+            }
+            if let Some(avg) = aggregate(&collected) {
+                outer.step(&mut theta, &avg);
+            }
+            for (t, ..) in workers.iter_mut() {
+                t.load_params(&theta)?;
+            }
+            done += n;
+            curve.push((done, self.val_loss(&workers[0].0)));
+        }
+        Ok(RunResult {
+            name: name.into(),
+            k,
+            h,
+            codec: codec.to_string(),
+            drop,
+            final_val_loss: curve.last().map(|c| c.1).unwrap_or(f32::NAN),
+            tokens,
+            per_worker_steps: steps,
+            bytes_per_node_per_round: bytes / sends.max(1),
+            total_bytes: bytes,
+            curve,
+            tokens_per_sec: tokens as f64 / train_secs.max(1e-9),
+            wall_secs: start.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// The runs the flags ask for, in order: (name, kind).
+fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
+    let want = |g: &str| a.runs.iter().any(|r| r == g);
+    let (bk, bh, t) = (a.base_k, a.recipe.inner_steps, a.steps);
+    let mut p = vec![];
+    if want("single") {
+        p.push((format!("single T={t}"), Kind::Single { mult: 1, steps: t }));
+        p.push((
+            format!("single {bk}T"),
+            Kind::Single {
+                mult: 1,
+                steps: t * bk as u32,
+            },
+        ));
+    }
+    if want("sync") {
+        p.push((format!("sync k={bk}"), Kind::Single { mult: bk, steps: t }));
+    }
+    if want("diloco") {
+        for &k in &a.k {
+            for &h in &a.h {
+                p.push((
+                    format!("diloco k={k} h={h}"),
+                    Kind::Diloco {
+                        k,
+                        h,
+                        codec: a.recipe.codec,
+                        drop: 0.0,
+                    },
+                ));
+            }
+        }
+    }
+    if want("codecs") {
+        for &c in &a.codecs {
+            p.push((
+                format!("diloco k={bk} h={bh} {c}"),
+                Kind::Diloco {
+                    k: bk,
+                    h: bh,
+                    codec: c,
+                    drop: 0.0,
+                },
+            ));
+        }
+    }
+    if want("drop") {
+        for &d in &a.drop {
+            p.push((
+                format!("diloco k={bk} h={bh} drop={d}"),
+                Kind::Diloco {
+                    k: bk,
+                    h: bh,
+                    codec: a.recipe.codec,
+                    drop: d,
+                },
+            ));
+        }
+    }
+    p
+}
+
+enum Kind {
+    Single {
+        mult: usize,
+        steps: u32,
+    },
+    Diloco {
+        k: usize,
+        h: u32,
+        codec: DeltaCodec,
+        drop: f64,
+    },
+}
+
+/// Runs the benchmark, printing a table; writes `--json` and `--plot`.
+///
+/// # Errors
+/// On bad flags, data or I/O.
+pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
+    if a.steps == 0
+        || a.base_k == 0
+        || a.k.contains(&0)
+        || a.h.contains(&0)
+        || a.recipe.inner_steps == 0
+    {
+        bail!("--steps, --k, --h, --base-k and --inner-steps must be positive");
+    }
+    if a.drop.iter().any(|d| !(0.0..1.0).contains(d)) {
+        bail!("--drop probabilities must be in [0, 1)");
+    }
+    let setup = Setup::new(&a.recipe, a.val_batches)?;
+    let runs = plan(&a);
+    println!(
+        "convergence: {} runs, T={} per-worker steps, model {} ({} params), batch {}, seq {}",
+        runs.len(),
+        a.steps,
+        a.recipe.preset,
+        setup.genesis.len(),
+        setup.inner.batch_size,
+        setup.cfg.seq_len
+    );
+    println!(
+        "{:<34} {:>9} {:>10} {:>13} {:>10} {:>8}",
+        "run", "val loss", "tokens", "B/node/round", "tokens/s", "secs"
+    );
+    let mut results: Vec<RunResult> = vec![];
+    for (name, kind) in runs {
+        let r = match kind {
+            Kind::Single { mult, steps } => setup.run_single(&name, steps, mult, a.eval_every)?,
+            Kind::Diloco { k, h, codec, drop } => {
+                setup.run_diloco(&name, k, h, codec, drop, a.steps)?
+            }
+        };
+        println!(
+            "{:<34} {:>9.4} {:>10} {:>13} {:>10.0} {:>8.1}",
+            r.name,
+            r.final_val_loss,
+            r.tokens,
+            r.bytes_per_node_per_round,
+            r.tokens_per_sec,
+            r.wall_secs
+        );
+        results.push(r);
+        if let Some(p) = &a.json {
+            std::fs::write(p, serde_json::to_string_pretty(&results)?)
+                .with_context(|| format!("cannot write {}", p.display()))?;
+        }
+    }
+    summarize(&results, a.steps);
+    if let Some(p) = &a.plot {
+        let series: Vec<Series> = results
+            .iter()
+            .map(|r| Series {
+                name: r.name.clone(),
+                points: r
+                    .curve
+                    .iter()
+                    .map(|(s, l)| (*s as f64, *l as f64))
+                    .collect(),
+            })
+            .collect();
+        std::fs::write(
+            p,
+            line_chart(
+                "validation loss against per-worker steps",
+                "per-worker steps",
+                &series,
+            ),
+        )
+        .with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    Ok(results)
+}
+
+fn summarize(results: &[RunResult], t: u32) {
+    let find = |prefix: &str| results.iter().find(|r| r.name.starts_with(prefix));
+    println!();
+    if let Some(single) = find(&format!("single T={t}")) {
+        for r in results
+            .iter()
+            .filter(|r| r.name.starts_with("diloco") || r.name.starts_with("sync"))
+        {
+            if let Some(s) = r.steps_to(single.final_val_loss) {
+                println!(
+                    "  {:<34} reached single's final loss ({:.4}) after {s} of {t} per-worker steps",
+                    r.name, single.final_val_loss
+                );
+            }
+        }
+    }
+    if let Some(sync) = find("sync") {
+        for r in results.iter().filter(|r| r.name.starts_with("diloco")) {
+            println!(
+                "  {:<34} final loss {:.4}x sync's",
+                r.name,
+                r.final_val_loss / sync.final_val_loss
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A quadratic loss ½‖Aθ − b‖² per worker, so gradients are exact and cheap.
+    fn grad(theta: &[f32], shift: f32) -> Vec<f32> {
+        theta
+            .iter()
+            .enumerate()
+            .map(|(j, t)| (1.0 + j as f32 * 0.1) * t - shift - j as f32 * 0.01)
+            .collect()
+    }
+
+    #[test]
+    fn diloco_with_h1_outer_lr1_no_momentum_is_data_parallel_sgd() {
+        let (lr, n, k) = (0.1f32, 16, 3);
+        let mut theta_dp = vec![0.5f32; n];
+        let mut theta_dl = theta_dp.clone();
+        let mut outer = OuterOptimizer::new(1.0, 0.0, n);
+        let mut efs = vec![ErrorFeedback::default(); k];
+        for _step in 0..20 {
+            // Data-parallel SGD: average the workers' gradients, one step.
+            let g: Vec<Vec<f32>> = (0..k).map(|i| grad(&theta_dp, i as f32)).collect();
+            for j in 0..n {
+                theta_dp[j] -= lr * g.iter().map(|gi| gi[j]).sum::<f32>() / k as f32;
+            }
+            // DiLoCo with H = 1 inner SGD step, through the nodes' own code path.
+            let mut collected = BTreeMap::new();
+            for (i, ef) in efs.iter_mut().enumerate() {
+                let local: Vec<f32> = theta_dl
+                    .iter()
+                    .zip(grad(&theta_dl, i as f32))
+                    .map(|(t, g)| t - lr * g)
+                    .collect();
+                let (_, sent) = encode_delta(&theta_dl, &local, DeltaCodec::Fp32, ef).unwrap();
+                collected.insert(
+                    [i as u8; 32],
+                    Accepted {
+                        sender: [i as u8; 32],
+                        tokens: 100,
+                        train_loss: 0.0,
+                        delta: sent,
+                    },
+                );
+            }
+            outer.step(&mut theta_dl, &aggregate(&collected).unwrap());
+        }
+        for (a, b) in theta_dp.iter().zip(&theta_dl) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn a_tiny_diloco_run_learns_and_counts_its_bytes() {
+        let recipe = SwarmFlags {
+            preset: "tiny".into(),
+            data: None,
+            inner_steps: 5,
+            codec: DeltaCodec::Int8 { block: 64 },
+            batch_size: 8,
+            inner_lr: 3e-3,
+            warmup_steps: 2,
+            outer_lr: 0.7,
+            outer_momentum: 0.9,
+            deadline_secs: 60,
+            seed: 1,
+        };
+        let s = Setup::new(&recipe, 2).unwrap();
+        let r = s.run_diloco("d", 2, 5, recipe.codec, 0.0, 20).unwrap();
+        assert_eq!(r.curve.len(), 5);
+        assert!(r.final_val_loss < r.curve[0].1 - 0.2, "{:?}", r.curve);
+        assert_eq!(r.tokens, 2 * 20 * 8 * 32);
+        assert!(
+            r.bytes_per_node_per_round > 0
+                && r.bytes_per_node_per_round < delta::dense_bytes(s.genesis.len()) as u64 / 2
+        );
+        // Dropping every contribution leaves θ where it started.
+        let frozen = s
+            .run_diloco("x", 2, 5, recipe.codec, 0.999_999, 10)
+            .unwrap();
+        assert_eq!(frozen.curve.first().unwrap().1, frozen.final_val_loss);
+    }
+}
