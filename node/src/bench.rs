@@ -403,6 +403,13 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     {
         bail!("--steps, --k, --h, --base-k and --inner-steps must be positive");
     }
+    const GROUPS: [&str; 6] = ["single", "single-long", "sync", "diloco", "codecs", "drop"];
+    if let Some(g) = a.runs.iter().find(|g| !GROUPS.contains(&g.as_str())) {
+        bail!(
+            "unknown run group {g:?}: expected some of {}",
+            GROUPS.join(", ")
+        );
+    }
     if a.drop.iter().any(|d| !(0.0..1.0).contains(d)) {
         bail!("--drop probabilities must be in [0, 1)");
     }
