@@ -37,11 +37,12 @@ pub enum BenchCommand {
 /// `--inner-steps` = the base H, ...) are those of `swarm init`.
 #[derive(Args, Debug)]
 pub struct ConvergenceArgs {
-    /// Run groups to include: single, sync, diloco, codecs, drop.
+    /// Run groups to include: single (T steps), single-long (K·T steps: the same tokens as the
+    /// K-worker runs), sync, diloco (the K × H grid), codecs, drop.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "single,sync,diloco,codecs,drop"
+        default_value = "single,single-long,sync,diloco,codecs,drop"
     )]
     pub runs: Vec<String>,
     /// Worker counts of the DiLoCo grid.
@@ -322,6 +323,8 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     let mut p = vec![];
     if want("single") {
         p.push((format!("single T={t}"), Kind::Single { mult: 1, steps: t }));
+    }
+    if want("single-long") {
         p.push((
             format!("single {bk}T"),
             Kind::Single {
