@@ -14,4 +14,7 @@ for c in fp32 fp16 int8:64 int4:64 topk:30; do
   "$bin" demo --preset tiny --inner-steps 30 --rounds 2 --codec "$c" --dir "$out/$c" --report "$out/$c.json" > /dev/null
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r['dense_delta_bytes'], r['wire_delta_bytes'], round(r['compression_ratio'],2), round(r['final_val_loss'],4))" "$out/$c.json" "$c"
 done
+echo "== convergence (reduced, T=500; ~45 min on 2 cores)"
+"$bin" bench convergence --runs single,sync,codecs,drop --steps 500 --codecs fp32,int8:64,topk:20 \
+  --drop 0.5 --codec fp32 --json "$out/convergence.json" --plot "$out/convergence.svg"
 echo "reports in $out"
