@@ -336,45 +336,27 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     if want("sync") {
         p.push((format!("sync k={bk}"), Kind::Single { mult: bk, steps: t }));
     }
+    let diloco = |k: usize, h: u32, codec: DeltaCodec, drop: f64, suffix: String| {
+        (
+            format!("diloco k={k} h={h}{suffix}"),
+            Kind::Diloco { k, h, codec, drop },
+        )
+    };
     if want("diloco") {
         for &k in &a.k {
             for &h in &a.h {
-                p.push((
-                    format!("diloco k={k} h={h}"),
-                    Kind::Diloco {
-                        k,
-                        h,
-                        codec: a.recipe.codec,
-                        drop: 0.0,
-                    },
-                ));
+                p.push(diloco(k, h, a.recipe.codec, 0.0, String::new()));
             }
         }
     }
     if want("codecs") {
         for &c in &a.codecs {
-            p.push((
-                format!("diloco k={bk} h={bh} {c}"),
-                Kind::Diloco {
-                    k: bk,
-                    h: bh,
-                    codec: c,
-                    drop: 0.0,
-                },
-            ));
+            p.push(diloco(bk, bh, c, 0.0, format!(" {c}")));
         }
     }
     if want("drop") {
         for &d in &a.drop {
-            p.push((
-                format!("diloco k={bk} h={bh} drop={d}"),
-                Kind::Diloco {
-                    k: bk,
-                    h: bh,
-                    codec: a.recipe.codec,
-                    drop: d,
-                },
-            ));
+            p.push(diloco(bk, bh, a.recipe.codec, d, format!(" drop={d}")));
         }
     }
     p
