@@ -1,10 +1,11 @@
 //! The DiLoCo inner loop: H AdamW steps from θ(t) on the node's own shard.
 
 use burn::grad_clipping::GradientClippingConfig;
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, Module};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder as _};
 use burn::tensor::backend::AutodiffBackend;
 use rand::Rng;
 
@@ -47,12 +48,37 @@ pub struct InnerReport {
 }
 
 /// A model, its AdamW state and its step counter. The optimizer state survives parameter loads.
+///
+/// [`InnerTrainer::suspend`] moves the model and the AdamW state off the device (into host
+/// memory) so that the device is free while the owner uses the machine; the next call that
+/// needs the device brings them back, unchanged.
 pub struct InnerTrainer<B: AutodiffBackend> {
     model: Option<Gpt<B>>,
     optim: OptimizerAdaptor<AdamW, Gpt<B>, B>,
     cfg: InnerConfig,
+    model_cfg: GptConfig,
     steps_taken: u64,
     device: B::Device,
+    /// Host copy while suspended.
+    suspended: Option<Suspended>,
+}
+
+type Recorder = BinBytesRecorder<FullPrecisionSettings>;
+
+/// A trainer's state in host memory: θ, and the model and AdamW records (the model record keeps
+/// the parameter ids the AdamW state is keyed by).
+struct Suspended {
+    params: Vec<f32>,
+    model: Vec<u8>,
+    optim: Vec<u8>,
+}
+
+fn fresh_adamw<B: AutodiffBackend>(cfg: &InnerConfig) -> OptimizerAdaptor<AdamW, Gpt<B>, B> {
+    let mut adamw = AdamWConfig::new().with_weight_decay(cfg.weight_decay);
+    if cfg.grad_clip > 0.0 {
+        adamw = adamw.with_grad_clipping(Some(GradientClippingConfig::Norm(cfg.grad_clip)));
+    }
+    adamw.init()
 }
 
 impl<B: AutodiffBackend> InnerTrainer<B> {
@@ -67,35 +93,94 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
         device: &B::Device,
     ) -> Result<Self, LengthMismatch> {
         let model = flat::unflatten(model_cfg.init::<B>(device), params, device)?;
-        let mut adamw = AdamWConfig::new().with_weight_decay(cfg.weight_decay);
-        if cfg.grad_clip > 0.0 {
-            adamw = adamw.with_grad_clipping(Some(GradientClippingConfig::Norm(cfg.grad_clip)));
-        }
         Ok(InnerTrainer {
             model: Some(model),
-            optim: adamw.init(),
+            optim: fresh_adamw(&cfg),
             cfg,
+            model_cfg: model_cfg.clone(),
             steps_taken: 0,
             device: device.clone(),
+            suspended: None,
         })
     }
 
-    fn model(&self) -> &Gpt<B> {
-        // `model` is only `None` inside `train`'s step, which cannot be observed from outside.
+    fn model(&mut self) -> &Gpt<B> {
+        self.wake();
+        // `model` is only `None` inside `train`'s step or while suspended (just undone).
         self.model.as_ref().expect("model present between steps")
+    }
+
+    /// Moves θ and the AdamW state to host memory and drops every device tensor, so that the
+    /// device (GPU memory) is free. Idempotent.
+    pub fn suspend(&mut self) {
+        if self.suspended.is_some() {
+            return;
+        }
+        let Some(model) = self.model.take() else {
+            return;
+        };
+        let params = flat::flatten(&model);
+        let optim = std::mem::replace(&mut self.optim, fresh_adamw(&self.cfg));
+        // Encoding our own records into memory cannot fail; `wake` falls back to fresh ones.
+        let optim = Recorder::default()
+            .record(optim.to_record(), ())
+            .unwrap_or_default();
+        let model = Recorder::default()
+            .record(model.into_record(), ())
+            .unwrap_or_default();
+        self.suspended = Some(Suspended {
+            params,
+            model,
+            optim,
+        });
+    }
+
+    /// True while [`InnerTrainer::suspend`] holds the state off the device.
+    pub fn is_suspended(&self) -> bool {
+        self.suspended.is_some()
+    }
+
+    /// Brings a suspended state back onto the device (a no-op when not suspended).
+    pub fn wake(&mut self) {
+        let Some(s) = self.suspended.take() else {
+            return;
+        };
+        let mut model = self.model_cfg.init::<B>(&self.device);
+        if !s.model.is_empty()
+            && let Ok(record) = Recorder::default().load(s.model, &self.device)
+        {
+            model = model.load_record(record);
+        }
+        let model = flat::unflatten(model, &s.params, &self.device)
+            .expect("suspended parameters come from this model");
+        let optim = fresh_adamw::<B>(&self.cfg);
+        self.optim = match Recorder::default().load(s.optim, &self.device) {
+            Ok(record) => optim.load_record(record),
+            Err(_) => fresh_adamw(&self.cfg),
+        };
+        self.model = Some(model);
     }
 
     /// Number of parameters.
     pub fn num_params(&self) -> usize {
-        self.model().num_params()
+        match (&self.model, &self.suspended) {
+            (Some(m), _) => m.num_params(),
+            (None, Some(s)) => s.params.len(),
+            (None, None) => 0,
+        }
     }
 
-    /// Current parameters, flat.
+    /// Current parameters, flat (from host memory while suspended).
     pub fn params(&self) -> Vec<f32> {
-        flat::flatten(self.model())
+        match (&self.model, &self.suspended) {
+            (_, Some(s)) => s.params.clone(),
+            (Some(m), None) => flat::flatten(m),
+            (None, None) => vec![],
+        }
     }
 
-    /// Replaces the parameters (keeping the AdamW state).
+    /// Replaces the parameters (keeping the AdamW state). While suspended, only the host copy
+    /// changes: the device stays free.
     ///
     /// # Errors
     /// When `params` has the wrong length; the model is unchanged then.
@@ -106,6 +191,10 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
                 got: params.len(),
                 expected,
             });
+        }
+        if let Some(s) = self.suspended.as_mut() {
+            s.params.copy_from_slice(params);
+            return Ok(());
         }
         let m = self.model.take().expect("model present between steps");
         self.model = Some(flat::unflatten(m, params, &self.device)?);
@@ -170,8 +259,8 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
         report
     }
 
-    /// The model without autodiff, for evaluation.
-    pub fn eval_model(&self) -> Gpt<B::InnerBackend> {
+    /// The model without autodiff, for evaluation (wakes a suspended trainer).
+    pub fn eval_model(&mut self) -> Gpt<B::InnerBackend> {
         self.model().valid()
     }
 }
@@ -234,5 +323,40 @@ mod tests {
         });
         assert!(r.yielded);
         assert_eq!(r.steps, 3);
+    }
+
+    #[test]
+    fn suspending_frees_the_device_and_loses_nothing() {
+        let dev = cpu_device();
+        let text = &EMBEDDED_CORPUS[..50_000];
+        let tok = Tokenizer::from_corpus(text);
+        let corpus = Corpus::new(text, &tok, 100, 32).unwrap();
+        let cfg = GptConfig::preset("tiny", tok.len()).unwrap();
+        let init = flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&dev), 3);
+        let inner = InnerConfig {
+            batch_size: 4,
+            ..Default::default()
+        };
+        let mut a = InnerTrainer::<CpuTrain>::new(&cfg, inner.clone(), &init, &dev).unwrap();
+        let mut b = InnerTrainer::<CpuTrain>::new(&cfg, inner, &init, &dev).unwrap();
+        let mut ra = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let mut rb = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        a.train(&corpus, &corpus.full_shard(), &mut ra, 3, &|| false);
+        b.train(&corpus, &corpus.full_shard(), &mut rb, 3, &|| false);
+        // `a` is suspended between its steps; `b` is not. AdamW moments must survive, so both
+        // continue identically.
+        a.suspend();
+        assert!(a.is_suspended());
+        assert!(a.model.is_none());
+        assert_eq!(a.params(), b.params());
+        a.train(&corpus, &corpus.full_shard(), &mut ra, 3, &|| false);
+        b.train(&corpus, &corpus.full_shard(), &mut rb, 3, &|| false);
+        assert!(!a.is_suspended());
+        assert_eq!(a.params(), b.params());
+        // Loading parameters while suspended keeps the device free and the values exact.
+        a.suspend();
+        a.load_params(&init).unwrap();
+        assert!(a.model.is_none());
+        assert_eq!(a.params(), init);
     }
 }

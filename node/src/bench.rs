@@ -174,7 +174,7 @@ impl Setup {
         )?)
     }
 
-    fn val_loss(&self, t: &InnerTrainer<CpuTrain>) -> f32 {
+    fn val_loss(&self, t: &mut InnerTrainer<CpuTrain>) -> f32 {
         eval::val_loss(&t.eval_model(), &self.val)
     }
 
@@ -197,7 +197,7 @@ impl Setup {
         let mut t = self.trainer(batch_mult)?;
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         let shard = self.corpus.full_shard();
-        let mut curve = vec![(0, self.val_loss(&t))];
+        let mut curve = vec![(0, self.val_loss(&mut t))];
         let (mut done, mut train_secs) = (0, 0.0);
         while done < steps {
             let n = eval_every.max(1).min(steps - done);
@@ -205,7 +205,7 @@ impl Setup {
             t.train(&self.corpus, &shard, &mut rng, n, &|| false);
             train_secs += t0.elapsed().as_secs_f64();
             done += n;
-            curve.push((done, self.val_loss(&t)));
+            curve.push((done, self.val_loss(&mut t)));
         }
         let tokens = steps as u64 * self.tokens_per_step() * batch_mult as u64;
         let dense = delta::dense_bytes(self.genesis.len()) as u64;
@@ -262,7 +262,7 @@ impl Setup {
         let mut drops = ChaCha8Rng::seed_from_u64(self.seed ^ 0xD209);
         let mut theta = self.genesis.clone();
         let mut outer = OuterOptimizer::new(self.outer_lr, self.outer_momentum, theta.len());
-        let mut curve = vec![(0, self.val_loss(&workers[0].0))];
+        let mut curve = vec![(0, self.val_loss(&mut workers[0].0))];
         let (mut done, mut train_secs, mut bytes, mut sends, mut tokens) =
             (0u32, 0.0, 0u64, 0u64, 0u64);
         while done < steps {
@@ -296,7 +296,7 @@ impl Setup {
                 t.load_params(&theta)?;
             }
             done += n;
-            curve.push((done, self.val_loss(&workers[0].0)));
+            curve.push((done, self.val_loss(&mut workers[0].0)));
         }
         Ok(RunResult {
             name: name.into(),

@@ -51,13 +51,14 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
         formed_by: vec![],
         holding: vec![],
     });
-    served.genesis = Some(Arc::new(genesis));
+    let bytes = net::encode_state(&genesis);
+    served.set_genesis(Arc::new(genesis), bytes);
     let served = Arc::new(RwLock::new(served));
     let max_frame = (4 * nightshift_protocol::delta::dense_bytes(n) + (1 << 20))
         .min(nightshift_protocol::MAX_MESSAGE_BYTES);
     let (net, mut events) = net::spawn_network(
         net::libp2p_keypair(&opts.key),
-        net::protocol_names(&swarm_id),
+        swarm_id,
         max_frame,
         opts.listen,
         opts.peers,

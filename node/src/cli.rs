@@ -32,8 +32,16 @@ pub enum Command {
     Swarm(SwarmCommand),
     /// Run the node others dial first: a Kademlia server that hands out the manifest.
     Bootstrap(BootstrapArgs),
-    /// Join a swarm and train.
+    /// Join a swarm and train whenever the machine is idle.
     Run(RunArgs),
+    /// Pause a running node (it yields at the next step boundary and frees the device).
+    Pause(ControlArgs),
+    /// Let a paused node train again (once its machine is idle).
+    Resume(ControlArgs),
+    /// Show a running node's state, window and idle verdict (JSON).
+    Status(ControlArgs),
+    /// List the swarm's nodes with their advertised windows and state.
+    Peers(PeersArgs),
     /// Benchmarks (see BENCHMARKS.md).
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
@@ -172,6 +180,44 @@ pub struct RunArgs {
     /// Trainer peers to wait for before the first round.
     #[arg(long, default_value_t = 1)]
     pub min_peers: usize,
+    /// When the machine counts as idle; repeat to combine (all must agree): auto (nvml where an
+    /// NVIDIA driver is present, else cpu), always, cpu[:THRESHOLD], nvml,
+    /// "schedule:mon-fri 22:00-07:00", file:PATH, cycle:PERIOD:IDLE:PHASE. `nightshift pause`
+    /// works with every choice.
+    #[arg(long = "idle", default_value = "auto")]
+    pub idle: Vec<String>,
+    /// Seconds the machine must stay idle before training starts (hysteresis); default 30, or
+    /// 0 when the only source is `always`.
+    #[arg(long)]
+    pub idle_after: Option<f64>,
+    /// Loopback address of the control endpoint (`nightshift pause/resume/status`).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub control: std::net::SocketAddr,
+}
+
+#[derive(Args, Debug)]
+pub struct ControlArgs {
+    /// The running node's data directory.
+    #[arg(long, default_value = "nightshift-data")]
+    pub data_dir: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct PeersArgs {
+    /// Bootstrap address(es) of the swarm.
+    #[arg(long, required = true)]
+    pub bootstrap: Vec<Multiaddr>,
+    /// Swarm id (64 hex); or give --manifest.
+    #[arg(long)]
+    pub swarm: Option<String>,
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Seconds to spend discovering peers.
+    #[arg(long, default_value_t = 4.0)]
+    pub wait: f64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn parse_shard(s: &str) -> Result<(usize, usize), String> {
@@ -302,6 +348,10 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             .await
         }
         Command::Run(a) => run(a).await,
+        Command::Pause(a) => control_command(&a, "pause").await,
+        Command::Resume(a) => control_command(&a, "resume").await,
+        Command::Status(a) => control_command(&a, "status").await,
+        Command::Peers(a) => crate::peers::run_peers(a).await,
         Command::Bench(crate::bench::BenchCommand::Convergence(a)) => {
             tokio::task::spawn_blocking(move || crate::bench::run_convergence(a)).await??;
             Ok(())
@@ -332,6 +382,32 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             }
         },
     };
+    let idle_after = a
+        .idle_after
+        .unwrap_or(if a.idle.iter().all(|s| s == "always") {
+            0.0
+        } else {
+            30.0
+        });
+    if !(0.0..=86_400.0).contains(&idle_after) {
+        bail!("--idle-after must be between 0 and 86400 seconds");
+    }
+    let mut sources = a
+        .idle
+        .iter()
+        .map(|spec| crate::idle::parse_spec(spec).with_context(|| format!("--idle {spec}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let names: Vec<&str> = sources.iter().map(|s| s.name()).collect();
+    info!(sources = ?names, idle_after, "idle detection");
+    let manual = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    sources.push(Box::new(crate::idle::Manual(manual.clone())));
+    let mut idle =
+        crate::idle::Monitor::new(sources, std::time::Duration::from_secs_f64(idle_after))
+            .spawn(std::time::Duration::from_millis(100));
+    // Start from the monitor's first real verdict, not its "checking" placeholder.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), idle.changed()).await;
+    let info = std::sync::Arc::new(std::sync::RwLock::new(serde_json::json!({})));
+    crate::control::serve(a.control, &a.data_dir, manual, info.clone()).await?;
     run_trainer(TrainerOptions {
         data_dir: a.data_dir,
         listen: a.listen,
@@ -344,8 +420,16 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         shard: a.shard,
         min_peers: a.min_peers,
         shutdown: shutdown_signal(),
+        idle: Some(idle),
+        control_info: Some(info),
     })
     .await
+}
+
+async fn control_command(a: &ControlArgs, command: &str) -> anyhow::Result<()> {
+    let v = crate::control::call(&a.data_dir, command).await?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
 }
 
 fn identity_from_store(dir: &Path) -> anyhow::Result<SigningKey> {
@@ -358,11 +442,14 @@ fn identity_from_store(dir: &Path) -> anyhow::Result<SigningKey> {
     Ok(key)
 }
 
-async fn fetch_manifest(bootstrap: &[Multiaddr], id: Hash32) -> anyhow::Result<SignedManifest> {
+pub(crate) async fn fetch_manifest(
+    bootstrap: &[Multiaddr],
+    id: Hash32,
+) -> anyhow::Result<SignedManifest> {
     let served = std::sync::Arc::new(std::sync::RwLock::new(crate::net::Served::new(None)));
     let (net, _events) = crate::net::spawn_network(
         crate::net::libp2p_keypair(&generate_key()?),
-        crate::net::protocol_names(&id),
+        id,
         nightshift_protocol::MAX_MESSAGE_BYTES,
         "/ip4/127.0.0.1/tcp/0".parse()?,
         bootstrap.to_vec(),

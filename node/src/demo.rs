@@ -315,6 +315,9 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
             format!("{i}/{}", args.nodes),
             "--min-peers".into(),
             (args.nodes - 1).to_string(),
+            // The demo's nodes share this machine: each would see the others' load as busy.
+            "--idle".into(),
+            "always".into(),
         ];
         if let Some(d) = &args.swarm.data {
             a.extend(["--data".into(), s(d)]);

@@ -27,7 +27,26 @@ pub enum NodeEvent {
         state_hash: String,
         from: String,
         reason: String,
+        /// Seconds the download took, and its size (what was fetched this time; a resumed
+        /// download counts only the rest).
+        secs: f64,
+        bytes: u64,
     },
+    /// The machine stopped being idle: training stopped at the next step boundary.
+    Yielded {
+        round: u64,
+        /// Inner steps and tokens done in the round before the yield (sent as a partial
+        /// contribution when more than zero).
+        steps: u32,
+        tokens: u64,
+        /// From the moment the window closed (or was seen to close) to training stopped.
+        latency_ms: f64,
+        reason: String,
+    },
+    /// The node stopped training until the machine is idle again (the device is released).
+    Paused { round: u64, reason: String },
+    /// The machine is idle again; the node rejoins the rounds.
+    Resumed { round: u64, paused_secs: f64 },
     /// A contribution was refused.
     Refused {
         round: u64,
@@ -51,6 +70,9 @@ pub struct RoundRecord {
     pub val_loss: f32,
     pub train_loss: f32,
     pub contributors: usize,
+    /// Tokens behind each averaged contribution (the weights), by sender (first 6 bytes, hex).
+    #[serde(default)]
+    pub weights: Vec<(String, u64)>,
     /// Tokens this node trained in the round.
     pub tokens: u64,
     pub tokens_per_sec: f64,

@@ -5,7 +5,11 @@
 //! - [`round`] — the trainer: rounds, collection, reconciliation, outer step ([`round::accept`]
 //!   holds the pure rules: acceptance, aggregation, canonical state).
 //! - [`bootstrap_node`] — the node others dial first.
-//! - [`store`] — sled: identity, manifest, checkpoints.
+//! - [`store`] — sled: identity, manifest, checkpoints (pruned), resumable state downloads.
+//! - [`idle`] — idle detection: sources (NVML, schedule, CPU load, files, cycles, manual) and a
+//!   monitor with hysteresis.
+//! - [`control`] — the loopback control endpoint behind `nightshift pause/resume/status`.
+//! - [`peers`] — `nightshift peers`: the swarm's nodes and their advertised windows.
 //! - [`events`] — JSON-lines events for tools and tests.
 //! - [`plot`] — small SVG line charts.
 //! - [`demo`] — `nightshift demo`: a local swarm of processes, its table, report and plot.
@@ -15,9 +19,12 @@
 pub mod bench;
 pub mod bootstrap_node;
 pub mod cli;
+pub mod control;
 pub mod demo;
 pub mod events;
+pub mod idle;
 pub mod net;
+pub mod peers;
 pub mod plot;
 pub mod round;
 pub mod store;

@@ -11,7 +11,7 @@ pub mod codec;
 mod event_loop;
 
 pub use codec::{TrafficCounters, WireCodec};
-pub use event_loop::{NetEvent, NetHandle, Served, spawn_network};
+pub use event_loop::{NetEvent, NetHandle, Served, WINDOW_TTL_SECS, encode_state, spawn_network};
 
 use libp2p::{PeerId, identity};
 use nightshift_protocol::Hash32;
@@ -36,4 +36,28 @@ pub fn protocol_names(swarm_id: &Hash32) -> (String, String) {
         format!("/nightshift/{s}/kad/1.0.0"),
         format!("/nightshift/{s}/rr/1"),
     )
+}
+
+/// The ed25519 public key inside a peer id (ed25519 peer ids embed their key), if any.
+pub fn public_key_of(peer: &PeerId) -> Option<[u8; 32]> {
+    let mh: &libp2p::multihash::Multihash<64> = peer.as_ref();
+    if mh.code() != 0 {
+        return None;
+    }
+    let pk = identity::PublicKey::try_decode_protobuf(mh.digest()).ok()?;
+    Some(pk.try_into_ed25519().ok()?.to_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_id_gives_back_its_key() {
+        let key = ed25519_dalek::SigningKey::from_bytes(&[4; 32]);
+        let public = key.verifying_key().to_bytes();
+        let peer = peer_id_of(&public).unwrap();
+        assert_eq!(public_key_of(&peer), Some(public));
+        assert_eq!(libp2p_keypair(&key).public().to_peer_id(), peer);
+    }
 }

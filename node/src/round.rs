@@ -4,6 +4,15 @@
 //! from θ(r), encode and sign Δ, push it to every peer, collect the others' until every live
 //! peer's has arrived or the deadline passes, reconcile the set with the peers' views, average by
 //! tokens, take the outer step, checkpoint θ(r+1) to sled, and announce the new state hash.
+//!
+//! Idle windows: the node trains only while its idle monitor says the machine is idle. When the
+//! window closes, training stops at the next inner-step boundary; the steps done so far go out
+//! as a partial contribution (weighted by its tokens), the model and AdamW state leave the
+//! device, and the node announces [`Phase::Paused`] until the machine is idle again. A node that
+//! synced while the swarm was in the middle of a round waits for that round to end and joins
+//! the next. Each node advertises a signed window record in Kademlia; the measured speeds there
+//! set a time budget per round, so a slow node sends a smaller contribution rather than stall
+//! the others or miss the deadline.
 
 pub mod accept;
 
@@ -14,23 +23,24 @@ use libp2p::{Multiaddr, PeerId};
 use nightshift_model::{
     Corpus, ErrorFeedback, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer, eval,
 };
-use nightshift_protocol::message::Phase;
+use nightshift_protocol::message::{MAX_CHUNK_BYTES, Phase, sign_window};
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{
     Contribution, Hash32, NodeRole, PayloadKind, Request, Response, SignedEnvelope, SignedManifest,
-    StateSnapshot, Status, delta, wire,
+    StateSnapshot, Status, WindowRecord, WindowState, delta, wire,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::events::{EventSink, NodeEvent, RoundRecord};
+use crate::idle::Availability;
 use crate::net::{self, NetEvent, NetHandle, Served};
 use crate::store::Store;
 use accept::{Accepted, RoundContext, accept, aggregate, choose_canonical};
@@ -45,6 +55,12 @@ const COLLECT_TICK_MS: u64 = 300;
 const PUSH_GRACE_SECS: u64 = 2;
 /// How long a finished node keeps serving before it leaves.
 const LINGER_SECS: u64 = 2;
+/// Size of one state chunk asked for when syncing.
+const SYNC_CHUNK_BYTES: u32 = 1 << 20;
+/// How often an unchanged window record is re-published.
+const WINDOW_REFRESH_SECS: u64 = 60;
+/// A round's time budget: this many times the median live peer's expected training time.
+const BUDGET_FACTOR: f64 = 1.5;
 
 /// How to run a trainer.
 pub struct TrainerOptions {
@@ -64,6 +80,10 @@ pub struct TrainerOptions {
     pub min_peers: usize,
     /// Set to true to stop (Ctrl-C).
     pub shutdown: watch::Receiver<bool>,
+    /// The idle monitor's verdicts; `None` trains whenever it can.
+    pub idle: Option<watch::Receiver<Availability>>,
+    /// Owner-facing status shared with the control endpoint (`nightshift status`).
+    pub control_info: Option<Arc<RwLock<serde_json::Value>>>,
 }
 
 /// Runs a trainer until it has done `rounds` or is shut down. Picks CUDA when built with the
@@ -98,7 +118,7 @@ struct Compute<B: AutodiffBackend> {
 }
 
 impl<B: AutodiffBackend> Compute<B> {
-    fn val_loss(&self) -> f32 {
+    fn val_loss(&mut self) -> f32 {
         eval::val_loss(&self.trainer.eval_model(), &self.val)
     }
 }
@@ -106,7 +126,99 @@ impl<B: AutodiffBackend> Compute<B> {
 enum Outcome {
     Completed,
     Behind,
+    /// The window closed before the first step: nothing to send.
+    Yielded,
     Shutdown,
+}
+
+/// Follows the idle monitor: keeps `avail` current for the training thread and notes when a
+/// window closes (and when it was scheduled to).
+fn spawn_availability_watch(
+    mut rx: watch::Receiver<Availability>,
+    avail: Arc<AtomicBool>,
+    closing: Arc<Mutex<Closing>>,
+) {
+    let first = rx.borrow_and_update().clone();
+    avail.store(first.idle, Ordering::SeqCst);
+    let mut last_until = first.open_until;
+    tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            let a = rx.borrow_and_update().clone();
+            let was = avail.swap(a.idle, Ordering::SeqCst);
+            if was && !a.idle {
+                if let Ok(mut c) = closing.lock() {
+                    *c = Closing {
+                        seen: Some(Instant::now()),
+                        scheduled: last_until.filter(|t| *t <= SystemTime::now()),
+                    };
+                }
+                info!(reason = %a.reason, "the machine is busy: yielding");
+            } else if !was && a.idle {
+                info!(reason = %a.reason, "the machine is idle again");
+            }
+            if a.idle {
+                last_until = a.open_until;
+            }
+        }
+    });
+}
+
+/// The device a trainer of backend `B` runs on.
+fn device_info<B: AutodiffBackend>() -> DeviceInfo {
+    let name = std::any::type_name::<B>().to_ascii_lowercase();
+    if name.contains("cuda") {
+        DeviceInfo {
+            kind: "cuda".into(),
+            name: "cuda:0".into(),
+            memory_bytes: 0,
+        }
+    } else {
+        cpu_info()
+    }
+}
+
+/// What the node knows about its device, for its window record.
+#[derive(Clone, Debug)]
+struct DeviceInfo {
+    kind: String,
+    name: String,
+    memory_bytes: u64,
+}
+
+fn cpu_info() -> DeviceInfo {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let memory_bytes = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024);
+    DeviceInfo {
+        kind: "cpu".into(),
+        name: format!("cpu ({threads} threads)"),
+        memory_bytes,
+    }
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The moment the idle window was seen to close, and when it was scheduled to close.
+#[derive(Clone, Copy, Debug, Default)]
+struct Closing {
+    seen: Option<Instant>,
+    scheduled: Option<SystemTime>,
+}
+
+enum Trained {
+    /// No step ran (shutdown or the window closed first).
+    Nothing,
+    Report(nightshift_model::InnerReport),
 }
 
 struct Driver<B: AutodiffBackend> {
@@ -133,6 +245,21 @@ struct Driver<B: AutodiffBackend> {
     rounds: Option<u64>,
     min_peers: usize,
     num_params: usize,
+    // Idle windows.
+    idle: Option<watch::Receiver<Availability>>,
+    avail: Arc<AtomicBool>,
+    closing: Arc<Mutex<Closing>>,
+    device: DeviceInfo,
+    /// Our measured inner-loop throughput (tokens/s), once a round has run.
+    tokens_per_sec: Option<f64>,
+    /// Peers' window records (for speeds), refreshed in the background every round.
+    peer_windows: Arc<Mutex<HashMap<PeerId, WindowRecord>>>,
+    window_published: Option<(WindowState, Instant)>,
+    control_info: Option<Arc<RwLock<serde_json::Value>>>,
+    /// Set when `align` replaced our state with a peer's.
+    just_synced: bool,
+    /// Set after waiting out the round that was under way when we synced; the next round is ours.
+    waited_for_round: bool,
 }
 
 fn short(k: &[u8; 32]) -> String {
@@ -221,13 +348,14 @@ impl<B: AutodiffBackend> Driver<B> {
 
         // Network.
         let mut served = Served::new(Some(manifest.clone()));
-        served.genesis = Some(Arc::new(genesis));
-        served.state = Some(Arc::new(state.clone()));
+        let genesis_bytes = net::encode_state(&genesis);
+        served.set_genesis(Arc::new(genesis), genesis_bytes);
+        served.set_state(Arc::new(state.clone()), hash, net::encode_state(&state));
         let served = Arc::new(RwLock::new(served));
         let max_frame = 2 * delta::dense_bytes(num_params) * 2 + (1 << 20);
         let (net, events) = net::spawn_network(
             net::libp2p_keypair(&opts.key),
-            net::protocol_names(&swarm_id),
+            swarm_id,
             max_frame.min(nightshift_protocol::MAX_MESSAGE_BYTES),
             opts.listen,
             opts.bootstrap,
@@ -253,7 +381,13 @@ impl<B: AutodiffBackend> Driver<B> {
                 }
             });
         }
+        let avail = Arc::new(AtomicBool::new(true));
+        let closing = Arc::new(Mutex::new(Closing::default()));
+        if let Some(rx) = opts.idle.clone() {
+            spawn_availability_watch(rx, avail.clone(), closing.clone());
+        }
         info!(swarm = %swarm_id.short(), peer = %net.local_peer, round = state.round, params = num_params, resumed, "trainer started");
+        let mut compute = compute;
         let val_loss = compute.val_loss();
         sink.emit(&NodeEvent::Started {
             peer_id: net.local_peer.to_string(),
@@ -287,6 +421,16 @@ impl<B: AutodiffBackend> Driver<B> {
             rounds: opts.rounds,
             min_peers: opts.min_peers,
             num_params,
+            idle: opts.idle,
+            avail,
+            closing,
+            device: device_info::<B>(),
+            tokens_per_sec: None,
+            peer_windows: Arc::new(Mutex::new(HashMap::new())),
+            window_published: None,
+            control_info: opts.control_info,
+            just_synced: false,
+            waited_for_round: false,
         };
         driver.run().await
     }
@@ -310,12 +454,27 @@ impl<B: AutodiffBackend> Driver<B> {
             if self.done() {
                 break "finished";
             }
+            if !self.available() {
+                if !self.pause().await {
+                    break "shutdown";
+                }
+                continue;
+            }
+            self.just_synced = false;
             self.align().await;
             if self.done() {
                 break "finished";
             }
+            if self.just_synced && !self.waited_for_round && self.round_under_way() {
+                // We synced while the swarm was in the middle of this round: our contribution
+                // would come too late. Wait for it to end and join the next one.
+                self.waited_for_round = true;
+                self.wait_for_round_end().await;
+                continue;
+            }
             match self.one_round().await? {
-                Outcome::Completed | Outcome::Behind => {}
+                Outcome::Completed => self.waited_for_round = false,
+                Outcome::Behind | Outcome::Yielded => {}
                 Outcome::Shutdown => break "shutdown",
             }
         };
@@ -336,6 +495,215 @@ impl<B: AutodiffBackend> Driver<B> {
             }
         }
         Ok(())
+    }
+
+    fn available(&self) -> bool {
+        self.avail.load(Ordering::SeqCst)
+    }
+
+    fn availability(&self) -> Option<Availability> {
+        self.idle.as_ref().map(|rx| rx.borrow().clone())
+    }
+
+    /// True when live peers hold our round and every one of them has started training it.
+    fn round_under_way(&self) -> bool {
+        let r = self.state.round;
+        let at_r: Vec<Phase> = self
+            .trainer_peers()
+            .iter()
+            .filter(|(_, s)| s.round == r && !matches!(s.phase, Phase::Syncing | Phase::Paused))
+            .map(|(_, s)| s.phase)
+            .collect();
+        !at_r.is_empty()
+            && at_r
+                .iter()
+                .all(|p| matches!(p, Phase::Training | Phase::Collecting))
+    }
+
+    /// Waits (as [`Phase::Syncing`], so that nobody waits for us) until the round under way ends.
+    async fn wait_for_round_end(&mut self) {
+        let r = self.state.round;
+        info!(
+            round = r,
+            "synced in the middle of a round; joining from the next one"
+        );
+        self.announce(Phase::Syncing).await;
+        let t = &self.manifest.manifest.training;
+        let cap = Duration::from_secs((t.round_deadline_secs as u64).max(60) * 4);
+        let until = Instant::now() + cap;
+        let mut last_refresh = Instant::now();
+        while self.round_under_way()
+            && Instant::now() < until
+            && !self.shutting_down()
+            && self.available()
+        {
+            self.next_event_within(Duration::from_millis(200)).await;
+            if last_refresh.elapsed() > Duration::from_secs(1) {
+                self.refresh_statuses().await;
+                last_refresh = Instant::now();
+            }
+        }
+    }
+
+    /// Stops training until the machine is idle again: announces [`Phase::Paused`], moves the
+    /// model and optimizer off the device, and keeps serving. Returns false on shutdown.
+    async fn pause(&mut self) -> bool {
+        let t0 = Instant::now();
+        let reason = self
+            .availability()
+            .map_or_else(|| "busy".to_string(), |a| a.reason);
+        self.announce(Phase::Paused).await;
+        if let Some(mut c) = self.compute.take() {
+            match tokio::task::spawn_blocking(move || {
+                c.trainer.suspend();
+                c
+            })
+            .await
+            {
+                Ok(c) => self.compute = Some(c),
+                Err(e) => warn!(error = %e, "could not release the device"),
+            }
+        }
+        self.publish_window(WindowState::Busy, &reason, true).await;
+        info!(round = self.state.round, %reason, "training paused; the device is released");
+        self.sink.emit(&NodeEvent::Paused {
+            round: self.state.round,
+            reason,
+        });
+        while !self.available() {
+            if self.shutting_down() {
+                return false;
+            }
+            self.next_event_within(Duration::from_millis(100)).await;
+            self.publish_window(WindowState::Busy, "", false).await;
+        }
+        let paused_secs = t0.elapsed().as_secs_f64();
+        info!(round = self.state.round, paused_secs, "resuming");
+        self.sink.emit(&NodeEvent::Resumed {
+            round: self.state.round,
+            paused_secs,
+        });
+        self.announce(Phase::Ready).await;
+        true
+    }
+
+    /// Signs and publishes our window record in Kademlia when its state changed (or `force`),
+    /// or when the last one is older than [`WINDOW_REFRESH_SECS`].
+    async fn publish_window(&mut self, state: WindowState, reason: &str, force: bool) {
+        let stale = self.window_published.is_none_or(|(st, at)| {
+            st != state || at.elapsed() > Duration::from_secs(WINDOW_REFRESH_SECS)
+        });
+        if !force && !stale {
+            return;
+        }
+        let avail = self.availability();
+        let reason = if reason.is_empty() {
+            avail.as_ref().map(|a| a.reason.clone()).unwrap_or_default()
+        } else {
+            reason.to_string()
+        };
+        let mut reason = reason;
+        reason.truncate(nightshift_protocol::message::MAX_WINDOW_TEXT);
+        let record = WindowRecord {
+            device_kind: self.device.kind.clone(),
+            device_name: self.device.name.clone(),
+            memory_bytes: self.device.memory_bytes,
+            tokens_per_sec: self.tokens_per_sec.unwrap_or(0.0) as f32,
+            open_until: avail.and_then(|a| a.open_until).map(unix_secs),
+            state,
+            reason,
+            round: self.state.round,
+            updated_at: unix_secs(SystemTime::now()),
+        };
+        let env = sign_window(&self.key, self.swarm_id, self.hash, &record);
+        self.net.put_window(env).await;
+        self.window_published = Some((state, Instant::now()));
+        self.update_control_info(Some(&record));
+    }
+
+    /// Refreshes what `nightshift status` shows.
+    fn update_control_info(&self, window: Option<&WindowRecord>) {
+        let Some(info) = &self.control_info else {
+            return;
+        };
+        let avail = self.availability();
+        if let Ok(mut v) = info.write() {
+            let mut obj = serde_json::json!({
+                "peer_id": self.net.local_peer.to_string(),
+                "swarm_id": self.swarm_id.to_hex(),
+                "round": self.state.round,
+                "state_hash": self.hash.to_hex(),
+                "phase": format!("{:?}", self.phase).to_lowercase(),
+                "idle": avail.as_ref().is_none_or(|a| a.idle),
+                "idle_reason": avail.as_ref().map(|a| a.reason.clone()).unwrap_or_default(),
+                "tokens_per_sec": self.tokens_per_sec,
+            });
+            if let Some(w) = window {
+                obj["window"] = serde_json::to_value(w).unwrap_or_default();
+            } else if let Some(old) = v.get("window") {
+                obj["window"] = old.clone();
+            }
+            *v = obj;
+        }
+    }
+
+    /// Fetches the live peers' window records in the background (for their speeds).
+    fn refresh_peer_windows(&self) {
+        let peers: Vec<PeerId> = self.trainer_peers().iter().map(|(p, _)| *p).collect();
+        let net = self.net.clone();
+        let into = self.peer_windows.clone();
+        let swarm = self.swarm_id;
+        tokio::spawn(async move {
+            for p in peers {
+                let Some(key) = net::public_key_of(&p) else {
+                    continue;
+                };
+                let got = tokio::time::timeout(
+                    Duration::from_secs(LOOKUP_TIMEOUT_SECS),
+                    net.get_window(key),
+                )
+                .await;
+                if let Ok(Some(env)) = got
+                    && let Ok(rec) = nightshift_protocol::message::open_window(&env, &swarm)
+                    && let Ok(mut m) = into.lock()
+                {
+                    m.insert(p, rec);
+                }
+            }
+        });
+    }
+
+    /// How long this round's training may take: [`BUDGET_FACTOR`] times the median expected
+    /// training time of the live trainers whose speed is known (ours included). `None` until at
+    /// least two speeds are known.
+    fn train_budget(&self) -> Option<Duration> {
+        let t = &self.manifest.manifest.training;
+        let tokens = f64::from(t.inner_steps)
+            * f64::from(t.batch_size)
+            * f64::from(self.manifest.manifest.model.seq_len);
+        let live: HashSet<PeerId> = self
+            .trainer_peers()
+            .iter()
+            .filter(|(_, s)| !matches!(s.phase, Phase::Paused | Phase::Syncing))
+            .map(|(p, _)| *p)
+            .collect();
+        let mut speeds: Vec<f64> = self
+            .peer_windows
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .filter(|(p, w)| live.contains(p) && w.tokens_per_sec > 0.0)
+                    .map(|(_, w)| f64::from(w.tokens_per_sec))
+                    .collect()
+            })
+            .unwrap_or_default();
+        speeds.extend(self.tokens_per_sec);
+        if speeds.len() < 2 {
+            return None;
+        }
+        speeds.sort_by(f64::total_cmp);
+        let median = speeds[speeds.len() / 2];
+        Some(Duration::from_secs_f64(BUDGET_FACTOR * tokens / median))
     }
 
     fn status(&self) -> Status {
@@ -359,6 +727,14 @@ impl<B: AutodiffBackend> Driver<B> {
         for peer in self.net.connected().await {
             self.send_status(peer, status.clone());
         }
+        let (window, force) = match phase {
+            Phase::Ready | Phase::Training | Phase::Collecting => (WindowState::Training, false),
+            Phase::Syncing => (WindowState::Syncing, false),
+            Phase::Paused => (WindowState::Busy, false),
+            Phase::Done => (WindowState::Left, true),
+        };
+        self.publish_window(window, "", force).await;
+        self.update_control_info(None);
     }
 
     /// Tells `peer` our status in the background (best effort, bounded by a time-out).
@@ -381,6 +757,14 @@ impl<B: AutodiffBackend> Driver<B> {
             })
             .map(|(p, s)| (*p, s))
             .collect()
+    }
+
+    /// Trainer peers that are not paused.
+    fn live_peers(&self) -> usize {
+        self.trainer_peers()
+            .iter()
+            .filter(|(_, s)| s.phase != Phase::Paused)
+            .count()
     }
 
     /// Asks every connected peer for its status.
@@ -422,14 +806,14 @@ impl<B: AutodiffBackend> Driver<B> {
             for ev in self.drain_events_now() {
                 self.on_event(ev, None).await;
             }
-            if self.trainer_peers().len() >= self.min_peers {
+            if self.live_peers() >= self.min_peers {
                 return true;
             }
             if self.shutting_down() {
                 return false;
             }
             self.refresh_statuses().await;
-            if self.trainer_peers().len() >= self.min_peers {
+            if self.live_peers() >= self.min_peers {
                 return true;
             }
             if last_log.elapsed() > Duration::from_secs(5) {
@@ -476,7 +860,7 @@ impl<B: AutodiffBackend> Driver<B> {
         let active: Vec<(PeerId, Status)> = self
             .trainer_peers()
             .into_iter()
-            .filter(|(_, s)| !matches!(s.phase, Phase::Syncing | Phase::Done))
+            .filter(|(_, s)| !matches!(s.phase, Phase::Syncing | Phase::Done | Phase::Paused))
             .map(|(p, s)| (p, s.clone()))
             .collect();
         let top = active.iter().map(|(_, s)| s.round).max().unwrap_or(0);
@@ -504,56 +888,120 @@ impl<B: AutodiffBackend> Driver<B> {
             .filter(|(_, s)| s.round == target_round && s.state_hash == canonical)
             .map(|(p, _)| *p)
             .collect();
-        for peer in holders {
-            match self.fetch_state(peer, target_round, canonical).await {
-                Ok(snapshot) => {
-                    self.adopt(snapshot, peer, reason).await;
-                    return;
-                }
-                Err(e) => warn!(%peer, error = %e, "state sync failed; trying another peer"),
+        self.announce(Phase::Syncing).await;
+        let t0 = Instant::now();
+        match self.fetch_state(&holders, target_round, canonical).await {
+            Ok((snapshot, peer, bytes)) => {
+                let secs = t0.elapsed().as_secs_f64();
+                self.adopt(snapshot, peer, reason, secs, bytes).await;
+            }
+            Err(e) => {
+                warn!(round = target_round, error = %e, "no peer could serve the swarm's state; continuing with ours");
+                self.announce(Phase::Ready).await;
             }
         }
-        warn!(
-            round = target_round,
-            "no peer could serve the swarm's state; continuing with ours"
-        );
     }
 
+    /// Downloads the encoded state `hash` of `round` in chunks from `holders` (moving to the next
+    /// holder when one fails), resuming a partial download left in the store, and verifies it
+    /// against `hash`. Returns the state, the peer that sent the last chunk, and the bytes
+    /// fetched now.
     async fn fetch_state(
         &self,
-        peer: PeerId,
+        holders: &[PeerId],
         round: u64,
         hash: Hash32,
-    ) -> anyhow::Result<StateSnapshot> {
-        let resp = self
-            .net
-            .request(peer, Request::GetState { round: Some(round) })
-            .await?;
-        let Response::State(Some(s)) = resp else {
-            bail!("peer has no state for round {round}")
-        };
-        if s.round != round
-            || s.params.len() != self.num_params
-            || s.momentum.len() != self.num_params
-        {
-            bail!("peer sent a state of the wrong round or shape");
-        }
-        let got = tokio::task::spawn_blocking({
-            let s = s.clone();
-            move || s.hash()
-        })
-        .await?;
-        if got != hash {
-            bail!(
-                "state hash {} does not match the swarm's {}",
-                got.short(),
-                hash.short()
+    ) -> anyhow::Result<(StateSnapshot, PeerId, u64)> {
+        // An encoded state: round, two f32 vectors, and `formed_by` (at most one key per member).
+        let max_total = (8 * self.num_params + 32 * 65_536 + 1024) as u64;
+        let mut buf = self.store.download(&hash.0).unwrap_or_default();
+        if !buf.is_empty() {
+            info!(
+                bytes = buf.len(),
+                "resuming a partial state download from the store"
             );
         }
-        Ok(s)
+        let mut total: Option<u64> = None;
+        let mut fetched = 0u64;
+        let mut last_peer = None;
+        'peers: for &peer in holders {
+            loop {
+                let offset = buf.len() as u64;
+                if total.is_some_and(|t| offset >= t) {
+                    break 'peers;
+                }
+                let r = tokio::time::timeout(
+                    Duration::from_secs(LOOKUP_TIMEOUT_SECS * 6),
+                    self.net.request(
+                        peer,
+                        Request::GetStateChunk {
+                            hash,
+                            offset,
+                            len: SYNC_CHUNK_BYTES.min(MAX_CHUNK_BYTES),
+                        },
+                    ),
+                )
+                .await;
+                let chunk = match r {
+                    Ok(Ok(Response::StateChunk(Some(c)))) => c,
+                    Ok(Ok(_)) => {
+                        debug!(%peer, "peer no longer holds that state");
+                        continue 'peers;
+                    }
+                    Ok(Err(e)) => {
+                        debug!(%peer, error = %e, "chunk request failed");
+                        continue 'peers;
+                    }
+                    Err(_) => continue 'peers,
+                };
+                let bad = chunk.offset != offset
+                    || chunk.total > max_total
+                    || total.is_some_and(|t| t != chunk.total)
+                    || chunk.bytes.len() > SYNC_CHUNK_BYTES as usize
+                    || (chunk.bytes.is_empty() && offset < chunk.total)
+                    || offset + chunk.bytes.len() as u64 > chunk.total;
+                if bad {
+                    warn!(%peer, "peer sent a malformed state chunk; trying another peer");
+                    continue 'peers;
+                }
+                total = Some(chunk.total);
+                if let Err(e) = self.store.save_chunk(&hash.0, offset, &chunk.bytes) {
+                    debug!(error = %e, "cannot record download progress");
+                }
+                fetched += chunk.bytes.len() as u64;
+                buf.extend_from_slice(&chunk.bytes);
+                last_peer = Some(peer);
+            }
+        }
+        let (Some(t), Some(peer)) = (total, last_peer) else {
+            bail!("no holder served the state");
+        };
+        if buf.len() as u64 != t {
+            bail!("the download stopped at {} of {t} bytes", buf.len());
+        }
+        let n = self.num_params;
+        let checked = tokio::task::spawn_blocking(move || {
+            let s: StateSnapshot = wire::decode(&buf, max_total as usize)
+                .map_err(|e| anyhow::anyhow!("the downloaded state does not decode: {e}"))?;
+            if s.round != round || s.params.len() != n || s.momentum.len() != n {
+                bail!("the downloaded state has the wrong round or shape");
+            }
+            let got = s.hash();
+            if got != hash {
+                bail!(
+                    "state hash {} does not match the swarm's {}",
+                    got.short(),
+                    hash.short()
+                );
+            }
+            Ok(s)
+        })
+        .await?;
+        let _ = self.store.clear_downloads();
+        Ok((checked?, peer, fetched))
     }
 
-    async fn adopt(&mut self, s: StateSnapshot, from: PeerId, reason: &str) {
+    async fn adopt(&mut self, s: StateSnapshot, from: PeerId, reason: &str, secs: f64, bytes: u64) {
         info!(round = s.round, hash = %s.hash().short(), %from, reason, "synced state from peer");
         self.hash = s.hash();
         self.outer.buf = s.momentum.clone();
@@ -565,12 +1013,15 @@ impl<B: AutodiffBackend> Driver<B> {
             return;
         }
         self.state = s;
+        self.just_synced = true;
         self.checkpoint().await;
         self.sink.emit(&NodeEvent::Synced {
             round: self.state.round,
             state_hash: self.hash.to_hex(),
             from: from.to_string(),
             reason: reason.into(),
+            secs,
+            bytes,
         });
         self.announce(Phase::Ready).await;
     }
@@ -579,8 +1030,15 @@ impl<B: AutodiffBackend> Driver<B> {
         if let Err(e) = self.store.save_checkpoint(&self.state) {
             warn!(error = %e, "cannot write checkpoint");
         }
+        let state = Arc::new(self.state.clone());
+        let bytes = {
+            let st = state.clone();
+            tokio::task::spawn_blocking(move || net::encode_state(&st))
+                .await
+                .unwrap_or_default()
+        };
         if let Ok(mut s) = self.net.served.write() {
-            s.state = Some(Arc::new(self.state.clone()));
+            s.set_state(state, self.hash, bytes);
         }
     }
 
@@ -721,6 +1179,65 @@ impl<B: AutodiffBackend> Driver<B> {
         }
     }
 
+    /// Runs up to `steps` inner steps on a blocking thread, stopping at a step boundary when the
+    /// window closes, `budget` runs out, or the node shuts down. Emits a `yielded` event when
+    /// the window closed.
+    async fn train(&mut self, steps: u32, budget: Option<Duration>) -> anyhow::Result<Trained> {
+        let r = self.state.round;
+        let mut compute = self.compute.take().context("trainer state missing")?;
+        let stop = self.stop.clone();
+        let avail = self.avail.clone();
+        let t0 = Instant::now();
+        let (compute, report, stopped_at) = tokio::task::spawn_blocking(move || {
+            let c = &mut compute;
+            c.trainer.wake();
+            let rep = c
+                .trainer
+                .train(&c.corpus, &c.shard, &mut c.rng, steps, &|| {
+                    stop.load(Ordering::SeqCst)
+                        || !avail.load(Ordering::SeqCst)
+                        || budget.is_some_and(|b| t0.elapsed() >= b)
+                });
+            (compute, rep, (Instant::now(), SystemTime::now()))
+        })
+        .await?;
+        self.compute = Some(compute);
+        if report.yielded && !self.available() && !self.shutting_down() {
+            let closing = self.closing.lock().map(|c| *c).unwrap_or_default();
+            let latency = match (closing.scheduled, closing.seen) {
+                (Some(at), _) => stopped_at.1.duration_since(at).unwrap_or_default(),
+                (None, Some(seen)) => stopped_at.0.saturating_duration_since(seen),
+                (None, None) => Duration::ZERO,
+            };
+            let reason = self
+                .availability()
+                .map_or_else(|| "busy".into(), |a| a.reason);
+            info!(
+                round = r,
+                steps = report.steps,
+                latency_ms = latency.as_secs_f64() * 1e3,
+                "yielded at a step boundary"
+            );
+            self.sink.emit(&NodeEvent::Yielded {
+                round: r,
+                steps: report.steps,
+                tokens: report.tokens,
+                latency_ms: latency.as_secs_f64() * 1e3,
+                reason,
+            });
+        } else if report.yielded && budget.is_some() && !self.shutting_down() {
+            info!(
+                round = r,
+                steps = report.steps,
+                "round time budget reached; sending a smaller contribution"
+            );
+        }
+        if report.steps == 0 {
+            return Ok(Trained::Nothing);
+        }
+        Ok(Trained::Report(report))
+    }
+
     async fn one_round(&mut self) -> anyhow::Result<Outcome> {
         let r = self.state.round;
         let t_round = Instant::now();
@@ -728,25 +1245,27 @@ impl<B: AutodiffBackend> Driver<B> {
         self.holding.clear();
         self.announce(Phase::Training).await;
         let t = self.manifest.manifest.training.clone();
+        self.refresh_peer_windows();
 
-        // Inner phase, on a blocking thread.
-        let mut compute = self.compute.take().context("trainer state missing")?;
-        let stop = self.stop.clone();
-        let steps = t.inner_steps;
-        let (compute_back, report) = tokio::task::spawn_blocking(move || {
-            let c = &mut compute;
-            let rep = c
-                .trainer
-                .train(&c.corpus, &c.shard, &mut c.rng, steps, &|| {
-                    stop.load(Ordering::SeqCst)
-                });
-            (compute, rep)
-        })
-        .await?;
-        self.compute = Some(compute_back);
+        // Inner phase, on a blocking thread: until H steps, the time budget, the window closing
+        // or shutdown, whichever comes first.
+        let budget = self.train_budget();
+        let report = match self.train(t.inner_steps, budget).await? {
+            Trained::Nothing if self.shutting_down() => return Ok(Outcome::Shutdown),
+            Trained::Nothing => return Ok(Outcome::Yielded),
+            Trained::Report(r) => r,
+        };
         let train_secs = t_round.elapsed().as_secs_f64();
-        if report.steps == 0 || self.shutting_down() {
+        if self.shutting_down() {
             return Ok(Outcome::Shutdown);
+        }
+        let yielded = report.yielded && !self.available();
+        if !yielded {
+            // Throughput of a full-speed stretch (a yield cuts a step short of nothing, but the
+            // partial stretch is also measured fairly; keep the newest).
+            self.tokens_per_sec = Some(report.tokens as f64 / train_secs.max(1e-9));
+        } else if budget.is_some() {
+            debug!("stopped by the window, not the budget");
         }
 
         // Pseudo-gradient, error feedback, encoding and signing.
@@ -765,6 +1284,18 @@ impl<B: AutodiffBackend> Driver<B> {
         })
         .await?;
         self.ef = ef;
+        if yielded {
+            // The owner wants the machine: free the device before waiting for the others.
+            if let Some(mut c) = self.compute.take() {
+                self.compute = Some(
+                    tokio::task::spawn_blocking(move || {
+                        c.trainer.suspend();
+                        c
+                    })
+                    .await?,
+                );
+            }
+        }
         let (enc, sent) =
             encoded.context("our own delta does not decode (non-finite training?)")?;
         let wire_delta_bytes = enc.body.len() as u64;
@@ -805,7 +1336,12 @@ impl<B: AutodiffBackend> Driver<B> {
         for ev in self.drain_events_now() {
             self.on_event(ev, Some(&mut collected)).await;
         }
-        let peers: Vec<PeerId> = self.trainer_peers().iter().map(|(p, _)| *p).collect();
+        let peers: Vec<PeerId> = self
+            .trainer_peers()
+            .iter()
+            .filter(|(_, s)| s.phase != Phase::Paused)
+            .map(|(p, _)| *p)
+            .collect();
         let push = {
             let net = self.net.clone();
             let env = env.clone();
@@ -936,7 +1472,8 @@ impl<B: AutodiffBackend> Driver<B> {
             tokio::task::spawn_blocking(move || {
                 let h = state.hash();
                 let loaded = compute.trainer.load_params(&state.params);
-                let v = if loaded.is_ok() {
+                // A suspended trainer keeps the device free: no evaluation then.
+                let v = if loaded.is_ok() && !compute.trainer.is_suspended() {
                     compute.val_loss()
                 } else {
                     f32::NAN
@@ -965,6 +1502,10 @@ impl<B: AutodiffBackend> Driver<B> {
             val_loss,
             train_loss: report.mean_loss,
             contributors: collected.len(),
+            weights: collected
+                .values()
+                .map(|a| (short(&a.sender), a.tokens))
+                .collect(),
             tokens: report.tokens,
             tokens_per_sec: report.tokens as f64 / train_secs.max(1e-9),
             inner_steps: report.steps,

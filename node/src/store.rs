@@ -1,7 +1,11 @@
-//! Durable node state in sled: identity key, manifest, and the latest checkpoint.
+//! Durable node state in sled: identity key, manifest, checkpoints, and partial state downloads.
 //!
 //! A checkpoint (round, θ, outer momentum, who formed it) is one value written with one `insert`
-//! and flushed, so a crash at any moment leaves either the old or the new checkpoint, never a mix.
+//! into the `checkpoints` tree under its round (big-endian, so the last key is the newest) and
+//! flushed, so a crash at any moment leaves either the old or the new checkpoint, never a mix.
+//! Only the newest [`KEEP_CHECKPOINTS`] are kept; older ones are pruned after the new one is on
+//! disk. A value that does not decode (which sled's own checksums should prevent) is skipped in
+//! favour of the next older one.
 
 use nightshift_protocol::{SignedManifest, StateSnapshot, wire};
 use std::path::Path;
@@ -9,7 +13,12 @@ use thiserror::Error;
 
 const KEY_IDENTITY: &[u8] = b"identity";
 const KEY_MANIFEST: &[u8] = b"manifest";
+/// The single checkpoint key of stores written before checkpoints had a history.
 const KEY_STATE: &[u8] = b"state";
+const TREE_CHECKPOINTS: &str = "checkpoints";
+const TREE_DOWNLOADS: &str = "downloads";
+/// Checkpoints kept on disk.
+pub const KEEP_CHECKPOINTS: usize = 3;
 
 /// Why storage failed.
 #[derive(Debug, Error)]
@@ -93,20 +102,123 @@ impl Store {
         self.put(KEY_MANIFEST, &wire::encode(m))
     }
 
-    /// The latest checkpoint, if any.
+    /// The newest checkpoint that decodes, if any.
     ///
     /// # Errors
-    /// On storage failure or an undecodable value.
+    /// On storage failure, or when checkpoints exist and none decodes.
     pub fn checkpoint(&self) -> Result<Option<StateSnapshot>, StoreError> {
+        let tree = self.db.open_tree(TREE_CHECKPOINTS)?;
+        let mut last_err = None;
+        for item in tree.iter().rev() {
+            let (_, v) = item?;
+            match wire::decode::<StateSnapshot>(&v, usize::MAX) {
+                Ok(s) => return Ok(Some(s)),
+                Err(e) => last_err = Some(e.to_string()),
+            }
+        }
+        if let Some(reason) = last_err {
+            return Err(StoreError::Corrupt {
+                what: "checkpoint",
+                reason,
+            });
+        }
         self.get(KEY_STATE, "checkpoint")
     }
 
-    /// Replaces the checkpoint atomically and flushes it to disk.
+    /// Rounds of the checkpoints on disk, oldest first.
     ///
     /// # Errors
-    /// On storage failure; the previous checkpoint is then still in place.
+    /// On storage failure.
+    pub fn checkpoint_rounds(&self) -> Result<Vec<u64>, StoreError> {
+        let tree = self.db.open_tree(TREE_CHECKPOINTS)?;
+        tree.iter()
+            .keys()
+            .map(|k| {
+                let k = k?;
+                Ok(u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8])))
+            })
+            .collect()
+    }
+
+    /// Writes a checkpoint atomically, flushes it to disk, then prunes all but the newest
+    /// [`KEEP_CHECKPOINTS`].
+    ///
+    /// # Errors
+    /// On storage failure; the previous checkpoints are then still in place.
     pub fn save_checkpoint(&self, s: &StateSnapshot) -> Result<(), StoreError> {
-        self.put(KEY_STATE, &wire::encode(s))
+        let tree = self.db.open_tree(TREE_CHECKPOINTS)?;
+        tree.insert(s.round.to_be_bytes(), wire::encode(s))?;
+        tree.flush()?;
+        // A newer round may already be on disk (after a repair to an older canonical round the
+        // newest is ours again): prune by position, never the one just written.
+        let keys: Vec<sled::IVec> = tree.iter().keys().collect::<Result<_, _>>()?;
+        let excess = keys.len().saturating_sub(KEEP_CHECKPOINTS);
+        for k in keys.iter().take(excess) {
+            if k.as_ref() != s.round.to_be_bytes() {
+                tree.remove(k)?;
+            }
+        }
+        // A repair can go back to an older round: newer, diverged checkpoints must not win.
+        for k in keys
+            .iter()
+            .filter(|k| k.as_ref() > &s.round.to_be_bytes()[..])
+        {
+            tree.remove(k)?;
+        }
+        if self.db.contains_key(KEY_STATE)? {
+            self.db.remove(KEY_STATE)?;
+        }
+        tree.flush()?;
+        Ok(())
+    }
+
+    /// The bytes downloaded so far of the encoded state with hash `hash` (a resumable sync):
+    /// the contiguous chunks from offset 0.
+    ///
+    /// # Errors
+    /// On storage failure.
+    pub fn download(&self, hash: &[u8; 32]) -> Result<Vec<u8>, StoreError> {
+        let tree = self.db.open_tree(TREE_DOWNLOADS)?;
+        let mut out = Vec::new();
+        for item in tree.scan_prefix(hash) {
+            let (k, v) = item?;
+            let offset = u64::from_be_bytes(k[32..].try_into().unwrap_or([0xff; 8]));
+            if offset != out.len() as u64 {
+                break;
+            }
+            out.extend_from_slice(&v);
+        }
+        Ok(out)
+    }
+
+    /// Records one downloaded chunk of state `hash`; drops partial downloads of other states.
+    ///
+    /// # Errors
+    /// On storage failure.
+    pub fn save_chunk(&self, hash: &[u8; 32], offset: u64, bytes: &[u8]) -> Result<(), StoreError> {
+        let tree = self.db.open_tree(TREE_DOWNLOADS)?;
+        if offset == 0 {
+            for k in tree.iter().keys() {
+                let k = k?;
+                if !k.starts_with(hash) {
+                    tree.remove(k)?;
+                }
+            }
+        }
+        let mut key = hash.to_vec();
+        key.extend_from_slice(&offset.to_be_bytes());
+        tree.insert(key, bytes)?;
+        tree.flush()?;
+        Ok(())
+    }
+
+    /// Forgets every partial download.
+    ///
+    /// # Errors
+    /// On storage failure.
+    pub fn clear_downloads(&self) -> Result<(), StoreError> {
+        self.db.open_tree(TREE_DOWNLOADS)?.clear()?;
+        Ok(())
     }
 
     fn get<T: serde::de::DeserializeOwned>(
@@ -148,5 +260,50 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(store.checkpoint().unwrap(), Some(s));
         assert_eq!(store.identity().unwrap(), Some([9; 32]));
+    }
+
+    fn state(round: u64) -> StateSnapshot {
+        StateSnapshot {
+            round,
+            params: vec![round as f32; 3],
+            momentum: vec![0.0; 3],
+            formed_by: vec![],
+        }
+    }
+
+    #[test]
+    fn old_checkpoints_are_pruned_and_the_newest_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        for r in 1..=6 {
+            store.save_checkpoint(&state(r)).unwrap();
+        }
+        assert_eq!(store.checkpoint_rounds().unwrap(), vec![4, 5, 6]);
+        assert_eq!(store.checkpoint().unwrap(), Some(state(6)));
+        // A repair back to round 5 (the swarm's canonical state) replaces the diverged 6.
+        let mut repaired = state(5);
+        repaired.params[0] = -1.0;
+        store.save_checkpoint(&repaired).unwrap();
+        assert_eq!(store.checkpoint_rounds().unwrap(), vec![4, 5]);
+        assert_eq!(store.checkpoint().unwrap(), Some(repaired));
+    }
+
+    #[test]
+    fn partial_downloads_resume_and_are_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store.save_chunk(&[1; 32], 0, b"ab").unwrap();
+            store.save_chunk(&[1; 32], 2, b"c").unwrap();
+            // A chunk past a gap is not part of the resumable prefix.
+            store.save_chunk(&[1; 32], 9, b"z").unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.download(&[1; 32]).unwrap(), b"abc");
+        store.save_chunk(&[2; 32], 0, b"x").unwrap();
+        assert!(store.download(&[1; 32]).unwrap().is_empty());
+        assert_eq!(store.download(&[2; 32]).unwrap(), b"x");
+        store.clear_downloads().unwrap();
+        assert!(store.download(&[2; 32]).unwrap().is_empty());
     }
 }

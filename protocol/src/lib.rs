@@ -20,7 +20,10 @@ pub mod wire;
 pub use delta::{DeltaCodec, DeltaError, EncodedDelta};
 pub use hash::Hash32;
 pub use manifest::{Manifest, ManifestError, ModelSpec, SignedManifest, TrainingSpec};
-pub use message::{Contribution, NodeRole, Request, Response, StateSnapshot, Status};
+pub use message::{
+    Contribution, NodeRole, Request, Response, StateChunk, StateSnapshot, Status, WindowRecord,
+    WindowState,
+};
 pub use signed::{Expectation, PayloadKind, SignedEnvelope, VerifyError};
 pub use wire::{DecodeError, WIRE_VERSION};
 

@@ -29,6 +29,9 @@ pub enum Phase {
     Collecting,
     /// Finished its last round and leaving.
     Done,
+    /// Its owner needs the machine: not training, not expected to contribute, still serving.
+    /// (Appended last so that older encodings keep their meaning.)
+    Paused,
 }
 
 /// A node's view of itself, sent on every phase change and on request.
@@ -83,6 +86,134 @@ pub fn state_hash(round: u64, params: &[f32], momentum: &[f32]) -> Hash32 {
     Hash32::of(&[STATE_DOMAIN, &round.to_le_bytes(), &p.0, &m.0])
 }
 
+/// Largest state chunk a peer may ask for or send.
+pub const MAX_CHUNK_BYTES: u32 = 4 << 20;
+
+/// A piece of an encoded state (see [`Request::GetStateChunk`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateChunk {
+    /// Length of the whole encoded state.
+    pub total: u64,
+    pub offset: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// What a node's window says it is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WindowState {
+    /// The machine is idle and the node trains.
+    Training,
+    /// The machine is idle, but the node waits out the hysteresis or for peers.
+    Waiting,
+    /// The owner needs the machine (busy, scheduled off, or paused by hand).
+    Busy,
+    /// Catching up with the swarm's state.
+    Syncing,
+    /// Left the swarm.
+    Left,
+}
+
+/// Longest free-text field in a [`WindowRecord`].
+pub const MAX_WINDOW_TEXT: usize = 256;
+
+/// A node's advertised window, signed (as a [`crate::PayloadKind::Window`] envelope whose
+/// `round` is `updated_at`) and kept in Kademlia under [`window_key`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WindowRecord {
+    /// "cpu" or "cuda".
+    pub device_kind: String,
+    /// e.g. "NVIDIA H200" or "cpu (16 threads)".
+    pub device_name: String,
+    /// Device memory in bytes (0 when unknown).
+    pub memory_bytes: u64,
+    /// Measured inner-loop throughput (0 before the first round).
+    pub tokens_per_sec: f32,
+    /// Unix seconds at which the current window closes, when known.
+    pub open_until: Option<u64>,
+    pub state: WindowState,
+    /// Why busy, or what it waits for.
+    pub reason: String,
+    /// The round the node holds.
+    pub round: u64,
+    /// Unix seconds of this record (also the envelope's round: newer wins).
+    pub updated_at: u64,
+}
+
+impl WindowRecord {
+    /// Checks the bounds a peer controls.
+    ///
+    /// # Errors
+    /// A text field over [`MAX_WINDOW_TEXT`] or a non-finite throughput.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("device_kind", &self.device_kind),
+            ("device_name", &self.device_name),
+            ("reason", &self.reason),
+        ] {
+            if v.len() > MAX_WINDOW_TEXT {
+                return Err(format!(
+                    "{name} is {} bytes (limit {MAX_WINDOW_TEXT})",
+                    v.len()
+                ));
+            }
+        }
+        if !self.tokens_per_sec.is_finite() || self.tokens_per_sec < 0.0 {
+            return Err(format!("tokens_per_sec is {}", self.tokens_per_sec));
+        }
+        Ok(())
+    }
+}
+
+/// Signs `record` as `key`'s window in swarm `swarm_id`.
+pub fn sign_window(
+    key: &ed25519_dalek::SigningKey,
+    swarm_id: Hash32,
+    state_hash: Hash32,
+    record: &WindowRecord,
+) -> SignedEnvelope {
+    let header = crate::signed::EnvelopeHeader {
+        kind: crate::PayloadKind::Window,
+        swarm_id,
+        round: record.updated_at,
+        sender: [0; 32],
+        base_hash: state_hash,
+    };
+    SignedEnvelope::sign(key, header, crate::wire::encode(record))
+}
+
+/// Verifies a window envelope for swarm `swarm_id` and decodes its record.
+///
+/// # Errors
+/// A bad signature, another swarm or kind, an undecodable or out-of-bounds record, or a record
+/// whose time stamp differs from the signed one.
+pub fn open_window(env: &SignedEnvelope, swarm_id: &Hash32) -> Result<WindowRecord, String> {
+    let expect = crate::Expectation {
+        kind: crate::PayloadKind::Window,
+        swarm_id: *swarm_id,
+        round: env.header.round,
+        base_hash: env.header.base_hash,
+        allowlist: None,
+        max_payload: 4 * MAX_WINDOW_TEXT + 256,
+    };
+    let body = env.verify(&expect).map_err(|e| e.to_string())?;
+    let rec: WindowRecord =
+        crate::wire::decode(body, 4 * MAX_WINDOW_TEXT + 256).map_err(|e| e.to_string())?;
+    rec.check()?;
+    if rec.updated_at != env.header.round {
+        return Err("the record's time stamp differs from the signed one".into());
+    }
+    Ok(rec)
+}
+
+/// The Kademlia key of `sender`'s window record in swarm `swarm_id`.
+pub fn window_key(swarm_id: &Hash32, sender: &[u8; 32]) -> Vec<u8> {
+    let mut k = b"/nightshift/window/".to_vec();
+    k.extend_from_slice(&swarm_id.0);
+    k.push(b'/');
+    k.extend_from_slice(sender);
+    k
+}
+
 /// A request from one peer to another.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Request {
@@ -98,6 +229,9 @@ pub enum Request {
     GetState { round: Option<u64> },
     /// "Send me the swarm manifest."
     GetManifest,
+    /// "Send me `len` bytes from `offset` of the encoded state whose hash is `hash`" (the genesis
+    /// or the current state). A joiner downloads θ(t) in such chunks, resumably.
+    GetStateChunk { hash: Hash32, offset: u64, len: u32 },
 }
 
 /// The answer to a [`Request`].
@@ -108,6 +242,9 @@ pub enum Response {
     Contribution(Option<SignedEnvelope>),
     State(Option<StateSnapshot>),
     Manifest(Option<SignedManifest>),
+    /// A piece of an encoded [`StateSnapshot`]: `total` bytes in all; `None` when the peer no
+    /// longer holds that state.
+    StateChunk(Option<StateChunk>),
     /// The request was understood and refused, with the reason.
     Refused(String),
 }
@@ -135,6 +272,41 @@ mod tests {
         let mut t = s.clone();
         t.formed_by.push([1; 32]);
         assert_eq!(s.hash(), t.hash());
+    }
+
+    #[test]
+    fn window_records_verify_and_refuse_tampering() {
+        let key = ed25519_dalek::SigningKey::from_bytes(&[3; 32]);
+        let swarm = Hash32::of(&[b"swarm"]);
+        let rec = WindowRecord {
+            device_kind: "cpu".into(),
+            device_name: "cpu (2 threads)".into(),
+            memory_bytes: 0,
+            tokens_per_sec: 5000.0,
+            open_until: Some(1_800_000_000),
+            state: WindowState::Training,
+            reason: String::new(),
+            round: 4,
+            updated_at: 1_700_000_000,
+        };
+        let env = sign_window(&key, swarm, Hash32::of(&[b"state"]), &rec);
+        assert_eq!(open_window(&env, &swarm).unwrap(), rec);
+        assert!(open_window(&env, &Hash32::of(&[b"other"])).is_err());
+        let mut t = env.clone();
+        t.payload[0] ^= 1;
+        assert!(open_window(&t, &swarm).unwrap_err().contains("signature"));
+        let mut long = rec.clone();
+        long.reason = "x".repeat(MAX_WINDOW_TEXT + 1);
+        let env = sign_window(&key, swarm, Hash32::of(&[b"state"]), &long);
+        assert!(open_window(&env, &swarm).is_err());
+        let mut nan = rec;
+        nan.tokens_per_sec = f32::NAN;
+        let env = sign_window(&key, swarm, Hash32::of(&[b"state"]), &nan);
+        assert!(
+            open_window(&env, &swarm)
+                .unwrap_err()
+                .contains("tokens_per_sec")
+        );
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub const ENVELOPE_DOMAIN: &[u8] = b"nightshift/envelope/v1\0";
 pub enum PayloadKind {
     /// A pseudo-gradient for one round ([`crate::Contribution`]).
     Contribution,
+    /// A node's advertised window ([`crate::message::WindowRecord`]); `round` is its time stamp.
+    Window,
 }
 
 /// The signed, bound part of an envelope besides the payload.

@@ -185,35 +185,44 @@ impl TestSwarm {
         self.dir.join(format!("node{i}.events.jsonl"))
     }
 
-    /// Starts trainer `i` knowing only the bootstrap address.
+    /// Starts trainer `i` knowing only the bootstrap address, always idle.
     pub fn node(&self, i: usize, bootstrap: &str, rounds: u64) -> Proc {
+        self.node_with(i, bootstrap, rounds, &["--idle", "always"])
+    }
+
+    /// Starts trainer `i` with `extra` arguments (which must say `--idle SPEC`: the default,
+    /// `auto`, reads this shared machine's CPU load).
+    pub fn node_with(&self, i: usize, bootstrap: &str, rounds: u64, extra: &[&str]) -> Proc {
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--manifest".into(),
+            self.manifest.display().to_string(),
+            "--key".into(),
+            self.dir
+                .join(format!("node{i}.key.json"))
+                .display()
+                .to_string(),
+            "--bootstrap".into(),
+            bootstrap.into(),
+            "--listen".into(),
+            "/ip4/127.0.0.1/tcp/0".into(),
+            "--data-dir".into(),
+            self.dir.join(format!("node{i}")).display().to_string(),
+            "--rounds".into(),
+            rounds.to_string(),
+            "--events".into(),
+            self.events_path(i).display().to_string(),
+            "--shard".into(),
+            format!("{i}/{}", self.nodes),
+        ];
+        if !extra.contains(&"--min-peers") {
+            args.extend(["--min-peers".into(), (self.nodes - 1).to_string()]);
+        }
+        args.extend(extra.iter().map(|a| (*a).to_string()));
         spawn(
             &self.dir,
             &format!("node{i}-{}", Instant::now().elapsed().as_nanos()),
-            &[
-                "run".into(),
-                "--manifest".into(),
-                self.manifest.display().to_string(),
-                "--key".into(),
-                self.dir
-                    .join(format!("node{i}.key.json"))
-                    .display()
-                    .to_string(),
-                "--bootstrap".into(),
-                bootstrap.into(),
-                "--listen".into(),
-                "/ip4/127.0.0.1/tcp/0".into(),
-                "--data-dir".into(),
-                self.dir.join(format!("node{i}")).display().to_string(),
-                "--rounds".into(),
-                rounds.to_string(),
-                "--events".into(),
-                self.events_path(i).display().to_string(),
-                "--shard".into(),
-                format!("{i}/{}", self.nodes),
-                "--min-peers".into(),
-                (self.nodes - 1).to_string(),
-            ],
+            &args,
         )
     }
 

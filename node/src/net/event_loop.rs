@@ -2,13 +2,15 @@
 
 use anyhow::Context;
 use futures::StreamExt;
-use libp2p::kad::{self, store::MemoryStore};
+use libp2p::kad::{self, store::MemoryStore, store::RecordStore};
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent, dial_opts::DialOpts};
 use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, identify, noise, ping, tcp, yamux};
+use nightshift_protocol::message::{MAX_CHUNK_BYTES, open_window, window_key};
 use nightshift_protocol::{
-    Request, Response, SignedEnvelope, SignedManifest, StateSnapshot, Status,
+    Hash32, Request, Response, SignedEnvelope, SignedManifest, StateChunk, StateSnapshot, Status,
+    wire,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -20,6 +22,8 @@ use super::codec::{TrafficCounters, WireCodec};
 
 /// How long one request may take before it fails.
 pub const REQUEST_TIMEOUT_SECS: u64 = 120;
+/// How long a window record lives in Kademlia without a refresh.
+pub const WINDOW_TTL_SECS: u64 = 600;
 /// How often the node looks for more swarm peers through Kademlia.
 const DISCOVERY_INTERVAL_MS: u64 = 2000;
 
@@ -34,6 +38,8 @@ pub struct Served {
     /// The genesis state θ(0).
     pub genesis: Option<Arc<StateSnapshot>>,
     pub manifest: Option<Arc<SignedManifest>>,
+    /// Encoded states by hash (genesis and the current state), served in chunks to joiners.
+    pub encoded: HashMap<Hash32, Arc<Vec<u8>>>,
 }
 
 impl Served {
@@ -45,8 +51,41 @@ impl Served {
             state: None,
             genesis: None,
             manifest: manifest.map(Arc::new),
+            encoded: HashMap::new(),
         }
     }
+
+    /// Serves `genesis` as θ(0), whole and in chunks.
+    pub fn set_genesis(&mut self, genesis: Arc<StateSnapshot>, bytes: Arc<Vec<u8>>) {
+        self.encoded.insert(genesis.hash(), bytes);
+        self.genesis = Some(genesis);
+    }
+
+    /// Serves `state` (whose hash is `hash` and encoding `bytes`) as the current state; the
+    /// previous current state stops being served, the genesis stays.
+    pub fn set_state(&mut self, state: Arc<StateSnapshot>, hash: Hash32, bytes: Arc<Vec<u8>>) {
+        let keep = self.genesis.as_ref().map(|g| g.hash());
+        self.encoded.retain(|h, _| Some(*h) == keep);
+        self.encoded.insert(hash, bytes);
+        self.state = Some(state);
+    }
+
+    fn chunk(&self, hash: &Hash32, offset: u64, len: u32) -> Option<StateChunk> {
+        let bytes = self.encoded.get(hash)?;
+        let total = bytes.len() as u64;
+        let start = offset.min(total) as usize;
+        let end = (offset.saturating_add(u64::from(len.min(MAX_CHUNK_BYTES)))).min(total) as usize;
+        Some(StateChunk {
+            total,
+            offset: start as u64,
+            bytes: bytes[start..end].to_vec(),
+        })
+    }
+}
+
+/// The wire encoding of a state, as served in chunks.
+pub fn encode_state(s: &StateSnapshot) -> Arc<Vec<u8>> {
+    Arc::new(wire::encode(s))
 }
 
 /// Something the network saw that the round task should know.
@@ -85,6 +124,8 @@ enum Command {
     },
     Connected(Reply<Vec<PeerId>>),
     ListenAddrs(Reply<Vec<Multiaddr>>),
+    PutWindow(SignedEnvelope),
+    GetWindow([u8; 32], Reply<Option<SignedEnvelope>>),
 }
 
 /// A cloneable handle to the network task. When the task is gone every call fails cleanly.
@@ -133,6 +174,19 @@ impl NetHandle {
         self.call(Command::Connected).await.unwrap_or_default()
     }
 
+    /// Publishes our signed window record in Kademlia (locally and at the closest peers).
+    pub async fn put_window(&self, env: SignedEnvelope) {
+        let _ = self.tx.send(Command::PutWindow(env)).await;
+    }
+
+    /// Looks up `sender`'s newest verified window record in Kademlia.
+    pub async fn get_window(&self, sender: [u8; 32]) -> Option<SignedEnvelope> {
+        self.call(|r| Command::GetWindow(sender, r))
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// Addresses this node listens on, each ending in `/p2p/<id>`.
     pub async fn listen_addrs(&self) -> Vec<Multiaddr> {
         self.call(Command::ListenAddrs).await.unwrap_or_default()
@@ -145,12 +199,13 @@ impl NetHandle {
 /// When the transport cannot be built or the listen address is refused.
 pub fn spawn_network(
     keypair: libp2p::identity::Keypair,
-    protocols: (String, String),
+    swarm_id: Hash32,
     max_frame: usize,
     listen: Multiaddr,
     bootstrap: Vec<Multiaddr>,
     served: Arc<RwLock<Served>>,
 ) -> anyhow::Result<(NetHandle, mpsc::Receiver<NetEvent>)> {
+    let protocols = super::protocol_names(&swarm_id);
     let traffic = Arc::new(TrafficCounters::default());
     let kad_proto = StreamProtocol::try_from_owned(protocols.0).context("kad protocol name")?;
     let rr_proto = StreamProtocol::try_from_owned(protocols.1).context("rr protocol name")?;
@@ -169,6 +224,9 @@ pub fn spawn_network(
             let peer = key.public().to_peer_id();
             let mut kcfg = kad::Config::new(kad_proto.clone());
             kcfg.set_query_timeout(Duration::from_secs(30));
+            // Records are verified (signed window records of this swarm) before they are stored.
+            kcfg.set_record_filtering(kad::StoreInserts::FilterBoth);
+            kcfg.set_record_ttl(Some(Duration::from_secs(WINDOW_TTL_SECS)));
             let mut kad = kad::Behaviour::with_config(peer, MemoryStore::new(peer), kcfg);
             kad.set_mode(Some(kad::Mode::Server));
             Behaviour {
@@ -214,11 +272,19 @@ pub fn spawn_network(
         events: ev_tx,
         served,
         pending: HashMap::new(),
+        window_queries: HashMap::new(),
+        swarm_id,
         kad_proto,
         listen_addrs: vec![],
     };
     tokio::spawn(ev.run());
     Ok((handle, ev_rx))
+}
+
+struct WindowQuery {
+    sender: [u8; 32],
+    best: Option<SignedEnvelope>,
+    reply: Reply<Option<SignedEnvelope>>,
 }
 
 struct EventLoop {
@@ -227,6 +293,9 @@ struct EventLoop {
     events: mpsc::Sender<NetEvent>,
     served: Arc<RwLock<Served>>,
     pending: HashMap<OutboundRequestId, Reply<anyhow::Result<Response>>>,
+    /// Window look-ups in flight: the sender asked for, the best record so far, the reply.
+    window_queries: HashMap<kad::QueryId, WindowQuery>,
+    swarm_id: Hash32,
     kad_proto: StreamProtocol,
     listen_addrs: Vec<Multiaddr>,
 }
@@ -288,7 +357,47 @@ impl EventLoop {
             Command::ListenAddrs(reply) => {
                 let _ = reply.send(self.listen_addrs.clone());
             }
+            Command::PutWindow(env) => {
+                let key = kad::RecordKey::new(&window_key(&self.swarm_id, &env.header.sender));
+                let record = kad::Record::new(key, wire::encode(&env));
+                if let Err(e) = self
+                    .swarm
+                    .behaviour_mut()
+                    .kad
+                    .put_record(record, kad::Quorum::One)
+                {
+                    warn!(error = %e, "cannot store our window record");
+                }
+            }
+            Command::GetWindow(sender, reply) => {
+                let key = kad::RecordKey::new(&window_key(&self.swarm_id, &sender));
+                let id = self.swarm.behaviour_mut().kad.get_record(key);
+                self.window_queries.insert(
+                    id,
+                    WindowQuery {
+                        sender,
+                        best: None,
+                        reply,
+                    },
+                );
+            }
         }
+    }
+
+    /// The window envelope in `record` when it is a valid, signed window of this swarm stored
+    /// under its sender's key.
+    fn valid_window(&self, record: &kad::Record) -> Option<SignedEnvelope> {
+        let env: SignedEnvelope = wire::decode(
+            &record.value,
+            nightshift_protocol::message::MAX_WINDOW_TEXT * 8,
+        )
+        .ok()?;
+        let expected = window_key(&self.swarm_id, &env.header.sender);
+        if record.key.as_ref() != expected.as_slice() {
+            return None;
+        }
+        open_window(&env, &self.swarm_id).ok()?;
+        Some(env)
     }
 
     fn forward(&self, ev: NetEvent) {
@@ -349,6 +458,66 @@ impl EventLoop {
             } => {
                 for p in ok.peers {
                     self.dial_peer(p.peer_id, p.addrs);
+                }
+            }
+            kad::Event::InboundRequest {
+                request:
+                    kad::InboundRequest::PutRecord {
+                        source,
+                        record: Some(record),
+                        ..
+                    },
+            } => match self.valid_window(&record) {
+                Some(env) => {
+                    // Keep the newer of two records for the same sender.
+                    let held = self
+                        .swarm
+                        .behaviour_mut()
+                        .kad
+                        .store_mut()
+                        .get(&record.key)
+                        .map(|r| r.into_owned());
+                    let older = held
+                        .and_then(|r| self.valid_window(&r))
+                        .is_some_and(|held| held.header.round > env.header.round);
+                    if !older && let Err(e) = self.swarm.behaviour_mut().kad.store_mut().put(record)
+                    {
+                        debug!(peer = %source, error = %e, "window record not stored");
+                    }
+                }
+                None => {
+                    debug!(peer = %source, "refused a record that is not a valid window of this swarm")
+                }
+            },
+            kad::Event::OutboundQueryProgressed {
+                id,
+                result: kad::QueryResult::GetRecord(result),
+                step,
+                ..
+            } => {
+                let Some(mut q) = self.window_queries.remove(&id) else {
+                    return;
+                };
+                let mut finished = step.last;
+                match result {
+                    Ok(kad::GetRecordOk::FoundRecord(found)) => {
+                        if let Some(env) = self.valid_window(&found.record)
+                            && env.header.sender == q.sender
+                            && q.best
+                                .as_ref()
+                                .is_none_or(|b| b.header.round < env.header.round)
+                        {
+                            q.best = Some(env);
+                        }
+                    }
+                    Ok(kad::GetRecordOk::FinishedWithNoAdditionalRecord { .. }) | Err(_) => {
+                        finished = true;
+                    }
+                }
+                if finished {
+                    let _ = q.reply.send(q.best);
+                } else {
+                    self.window_queries.insert(id, q);
                 }
             }
             _ => {}
@@ -447,6 +616,9 @@ impl EventLoop {
             ),
             Request::GetManifest => {
                 Response::Manifest(served.manifest.as_ref().map(|m| (**m).clone()))
+            }
+            Request::GetStateChunk { hash, offset, len } => {
+                Response::StateChunk(served.chunk(&hash, offset, len))
             }
             Request::Push(_) | Request::Announce(_) => Response::Ack,
         }
