@@ -31,6 +31,8 @@ use crate::round::accept::{Accepted, aggregate, encode_delta};
 pub enum BenchCommand {
     /// DiLoCo against single-worker and synchronous training at equal tokens.
     Convergence(ConvergenceArgs),
+    /// Idle windows: a churning pool against stable swarms (time to target, yields, joins).
+    Churn(crate::churn::ChurnArgs),
 }
 
 /// Flags of `nightshift bench convergence`. The recipe flags (`--preset`, `--inner-lr`, `--codec`,

@@ -79,7 +79,46 @@ fn exe() -> anyhow::Result<PathBuf> {
     std::env::current_exe().context("cannot find the nightshift executable")
 }
 
-fn spawn(args: &[String], log: &Path) -> anyhow::Result<Child> {
+/// Starts `nightshift bootstrap` for the manifest at `mpath` and waits for its address.
+pub(crate) async fn start_bootstrap(
+    dir: &Path,
+    mpath: &Path,
+    started: Instant,
+) -> anyhow::Result<(Child, String)> {
+    let addr_file = dir.join("bootstrap.addr");
+    let _ = std::fs::remove_file(&addr_file);
+    let s = |p: &Path| p.display().to_string();
+    let mut boot = spawn(
+        &[
+            "bootstrap".into(),
+            "--manifest".into(),
+            s(mpath),
+            "--listen".into(),
+            "/ip4/127.0.0.1/tcp/0".into(),
+            "--addr-file".into(),
+            s(&addr_file),
+        ],
+        &dir.join("bootstrap.log"),
+    )?;
+    loop {
+        if let Ok(a) = std::fs::read_to_string(&addr_file) {
+            return Ok((boot, a.trim().to_string()));
+        }
+        if let Some(st) = boot.try_wait()? {
+            bail!(
+                "the bootstrap node exited ({st}); see {}",
+                dir.join("bootstrap.log").display()
+            );
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("the bootstrap node did not come up within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts the binary with `args`, its output going to `log`; killed when dropped.
+pub(crate) fn spawn(args: &[String], log: &Path) -> anyhow::Result<Child> {
     let log =
         std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
     Command::new(exe()?)
@@ -258,36 +297,8 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     println!("swarm {}   work dir {}", &swarm_id[..16], dir.display());
 
     // Bootstrap.
-    let addr_file = dir.join("bootstrap.addr");
-    let _ = std::fs::remove_file(&addr_file);
+    let (mut boot, boot_addr) = start_bootstrap(&dir, &mpath, started).await?;
     let s = |p: &Path| p.display().to_string();
-    let mut boot = spawn(
-        &[
-            "bootstrap".into(),
-            "--manifest".into(),
-            s(&mpath),
-            "--listen".into(),
-            "/ip4/127.0.0.1/tcp/0".into(),
-            "--addr-file".into(),
-            s(&addr_file),
-        ],
-        &dir.join("bootstrap.log"),
-    )?;
-    let boot_addr = loop {
-        if let Ok(a) = std::fs::read_to_string(&addr_file) {
-            break a.trim().to_string();
-        }
-        if let Some(st) = boot.try_wait()? {
-            bail!(
-                "the bootstrap node exited ({st}); see {}",
-                dir.join("bootstrap.log").display()
-            );
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            bail!("the bootstrap node did not come up within 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
 
     // Trainers.
     let mut children = vec![];
@@ -486,7 +497,7 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     Ok(())
 }
 
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
+pub(crate) fn tempfile_dir() -> anyhow::Result<PathBuf> {
     let d = std::env::temp_dir().join(format!(
         "nightshift-demo-{}-{}",
         std::process::id(),

@@ -118,9 +118,13 @@ impl EventSink {
     /// Writes one event line and flushes it. Failures are logged, never fatal.
     pub fn emit(&self, ev: &NodeEvent) {
         let Some(f) = &self.file else { return };
-        let Ok(line) = serde_json::to_string(ev) else {
+        let Ok(mut v) = serde_json::to_value(ev) else {
             return;
         };
+        // Every line carries its wall-clock time (unix milliseconds) for tools like
+        // `bench churn`; readers of `NodeEvent` ignore it.
+        v["at_ms"] = serde_json::json!(unix_ms());
+        let line = v.to_string();
         if let Ok(mut f) = f.lock()
             && let Err(e) = writeln!(f, "{line}").and_then(|_| f.flush())
         {
@@ -135,6 +139,30 @@ pub fn read_events(path: &Path) -> Vec<NodeEvent> {
         .map(|t| {
             t.lines()
                 .filter_map(|l| serde_json::from_str(l).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Like [`read_events`], with each event's wall-clock time (unix ms; 0 when absent).
+pub fn read_timed_events(path: &Path) -> Vec<(u64, NodeEvent)> {
+    std::fs::read_to_string(path)
+        .map(|t| {
+            t.lines()
+                .filter_map(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).ok()?;
+                    let at = v
+                        .get("at_ms")
+                        .and_then(serde_json::Value::as_u64)
+                        .unwrap_or(0);
+                    Some((at, serde_json::from_value(v).ok()?))
+                })
                 .collect()
         })
         .unwrap_or_default()

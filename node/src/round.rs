@@ -860,7 +860,8 @@ impl<B: AutodiffBackend> Driver<B> {
         let active: Vec<(PeerId, Status)> = self
             .trainer_peers()
             .into_iter()
-            .filter(|(_, s)| !matches!(s.phase, Phase::Syncing | Phase::Done | Phase::Paused))
+            // A paused peer still serves its state: it may be the only holder of the newest.
+            .filter(|(_, s)| !matches!(s.phase, Phase::Syncing | Phase::Done))
             .map(|(p, s)| (p, s.clone()))
             .collect();
         let top = active.iter().map(|(_, s)| s.round).max().unwrap_or(0);

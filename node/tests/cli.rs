@@ -15,7 +15,17 @@ fn help_lists_every_command() {
     let out = nightshift(&["--help"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for cmd in ["demo", "swarm", "bootstrap", "run", "keygen"] {
+    for cmd in [
+        "demo",
+        "swarm",
+        "bootstrap",
+        "run",
+        "keygen",
+        "pause",
+        "resume",
+        "status",
+        "peers",
+    ] {
         assert!(text.contains(cmd), "--help lacks {cmd}:\n{text}");
     }
 }
@@ -77,4 +87,78 @@ fn keygen_refuses_to_overwrite_a_key() {
     let again = nightshift(&["keygen", "--out", k.to_str().unwrap()]);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("refusing to overwrite"));
+}
+
+#[test]
+fn pause_without_a_running_node_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = nightshift(&["pause", "--data-dir", dir.path().to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no node runs"), "{err}");
+}
+
+#[test]
+fn run_refuses_an_unknown_idle_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = nightshift(&[
+        "run",
+        "--bootstrap",
+        "/ip4/127.0.0.1/tcp/1",
+        "--manifest",
+        "/nonexistent.json",
+        "--idle",
+        "sometimes",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+}
+
+/// A short churn benchmark end to end: the churning pool yields, nobody loses a round or forks,
+/// and the JSON report has the fields scripts read.
+#[test]
+fn bench_churn_reports_yields_joins_and_no_lost_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("churn.json");
+    let o = nightshift(&[
+        "bench",
+        "churn",
+        "--preset",
+        "tiny",
+        "--inner-steps",
+        "40",
+        "--nodes",
+        "2",
+        "--runs",
+        "stable-half,churn",
+        "--max-secs",
+        "16",
+        "--period-secs",
+        "5",
+        "--dir",
+        dir.path().join("work").to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let runs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    let churn = runs.iter().find(|r| r["name"] == "churn").unwrap();
+    for field in [
+        "time_to_target_secs",
+        "yield_p50_ms",
+        "yield_p99_ms",
+        "join_sync_secs",
+        "recovery_secs",
+        "curve",
+    ] {
+        assert!(churn.get(field).is_some(), "no {field} in {churn}");
+    }
+    assert!(churn["yields"].as_u64().unwrap() > 0, "{churn}");
+    assert_eq!(churn["rounds_lost"], 0);
+    assert_eq!(churn["rounds_disagreeing"], 0);
+    assert!(churn["curve"].as_array().unwrap().len() > 2);
 }

@@ -137,6 +137,34 @@ fn a_closing_window_yields_a_partial_contribution_and_the_node_rejoins_when_idle
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["idle"], serde_json::json!(false), "{status}");
 
+    // `nightshift peers` lists the swarm's nodes with their signed windows: node 2's is busy.
+    let peers = run_ok(&[
+        "peers",
+        "--bootstrap",
+        &addr,
+        "--manifest",
+        swarm.manifest.to_str().unwrap(),
+        "--json",
+        "--wait",
+        "3",
+    ]);
+    let peers: serde_json::Value = serde_json::from_str(&peers).unwrap();
+    let windows: Vec<&serde_json::Value> = peers
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["role"] == "trainer")
+        .filter_map(|p| p.get("window").filter(|w| !w.is_null()))
+        .collect();
+    assert!(
+        windows.len() >= 2,
+        "peers found {} trainer windows: {peers}",
+        windows.len()
+    );
+    assert!(
+        windows.iter().any(|w| w["state"] == "Busy"),
+        "no busy window among {peers}"
+    );
     // The swarm does not wait for a paused node: a round completes with two contributors.
     assert!(
         wait_until(Duration::from_secs(200), || completed(&swarm, 0)
