@@ -15,6 +15,10 @@
 //! the others or miss the deadline.
 
 pub mod accept;
+mod sync;
+mod windows;
+
+use windows::{device_info, spawn_availability_watch};
 
 use anyhow::{Context, bail};
 use burn::tensor::backend::AutodiffBackend;
@@ -131,81 +135,12 @@ enum Outcome {
     Shutdown,
 }
 
-/// Follows the idle monitor: keeps `avail` current for the training thread and notes when a
-/// window closes (and when it was scheduled to).
-fn spawn_availability_watch(
-    mut rx: watch::Receiver<Availability>,
-    avail: Arc<AtomicBool>,
-    closing: Arc<Mutex<Closing>>,
-) {
-    let first = rx.borrow_and_update().clone();
-    avail.store(first.idle, Ordering::SeqCst);
-    let mut last_until = first.open_until;
-    tokio::spawn(async move {
-        while rx.changed().await.is_ok() {
-            let a = rx.borrow_and_update().clone();
-            let was = avail.swap(a.idle, Ordering::SeqCst);
-            if was && !a.idle {
-                if let Ok(mut c) = closing.lock() {
-                    *c = Closing {
-                        seen: Some(Instant::now()),
-                        scheduled: last_until.filter(|t| *t <= SystemTime::now()),
-                    };
-                }
-                info!(reason = %a.reason, "the machine is busy: yielding");
-            } else if !was && a.idle {
-                info!(reason = %a.reason, "the machine is idle again");
-            }
-            if a.idle {
-                last_until = a.open_until;
-            }
-        }
-    });
-}
-
-/// The device a trainer of backend `B` runs on.
-fn device_info<B: AutodiffBackend>() -> DeviceInfo {
-    let name = std::any::type_name::<B>().to_ascii_lowercase();
-    if name.contains("cuda") {
-        DeviceInfo {
-            kind: "cuda".into(),
-            name: "cuda:0".into(),
-            memory_bytes: 0,
-        }
-    } else {
-        cpu_info()
-    }
-}
-
 /// What the node knows about its device, for its window record.
 #[derive(Clone, Debug)]
 struct DeviceInfo {
     kind: String,
     name: String,
     memory_bytes: u64,
-}
-
-fn cpu_info() -> DeviceInfo {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let memory_bytes = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024);
-    DeviceInfo {
-        kind: "cpu".into(),
-        name: format!("cpu ({threads} threads)"),
-        memory_bytes,
-    }
-}
-
-fn unix_secs(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// The moment the idle window was seen to close, and when it was scheduled to close.
@@ -260,6 +195,10 @@ struct Driver<B: AutodiffBackend> {
     just_synced: bool,
     /// Set after waiting out the round that was under way when we synced; the next round is ours.
     waited_for_round: bool,
+    /// When a peer was first seen training each recent round.
+    round_started: BTreeMap<u64, Instant>,
+    /// The training budget of the next round when it is joined late.
+    budget_override: Option<Duration>,
 }
 
 fn short(k: &[u8; 32]) -> String {
@@ -431,6 +370,8 @@ impl<B: AutodiffBackend> Driver<B> {
             control_info: opts.control_info,
             just_synced: false,
             waited_for_round: false,
+            round_started: BTreeMap::new(),
+            budget_override: None,
         };
         driver.run().await
     }
@@ -465,12 +406,26 @@ impl<B: AutodiffBackend> Driver<B> {
             if self.done() {
                 break "finished";
             }
-            if self.just_synced && !self.waited_for_round && self.round_under_way() {
-                // We synced while the swarm was in the middle of this round: our contribution
-                // would come too late. Wait for it to end and join the next one.
-                self.waited_for_round = true;
-                self.wait_for_round_end().await;
-                continue;
+            if self.round_under_way() {
+                // The others are already training this round. With enough of its time left,
+                // train for what is left (a smaller contribution that arrives with theirs);
+                // else, having just synced, wait for the next round rather than hold them up.
+                match self.late_budget() {
+                    Some(left) => {
+                        info!(
+                            round = self.state.round,
+                            secs = left.as_secs_f64(),
+                            "joining the round under way for the time it has left"
+                        );
+                        self.budget_override = Some(left);
+                    }
+                    None if self.just_synced && !self.waited_for_round => {
+                        self.waited_for_round = true;
+                        self.wait_for_round_end().await;
+                        continue;
+                    }
+                    None => {}
+                }
             }
             match self.one_round().await? {
                 Outcome::Completed => self.waited_for_round = false,
@@ -495,215 +450,6 @@ impl<B: AutodiffBackend> Driver<B> {
             }
         }
         Ok(())
-    }
-
-    fn available(&self) -> bool {
-        self.avail.load(Ordering::SeqCst)
-    }
-
-    fn availability(&self) -> Option<Availability> {
-        self.idle.as_ref().map(|rx| rx.borrow().clone())
-    }
-
-    /// True when live peers hold our round and every one of them has started training it.
-    fn round_under_way(&self) -> bool {
-        let r = self.state.round;
-        let at_r: Vec<Phase> = self
-            .trainer_peers()
-            .iter()
-            .filter(|(_, s)| s.round == r && !matches!(s.phase, Phase::Syncing | Phase::Paused))
-            .map(|(_, s)| s.phase)
-            .collect();
-        !at_r.is_empty()
-            && at_r
-                .iter()
-                .all(|p| matches!(p, Phase::Training | Phase::Collecting))
-    }
-
-    /// Waits (as [`Phase::Syncing`], so that nobody waits for us) until the round under way ends.
-    async fn wait_for_round_end(&mut self) {
-        let r = self.state.round;
-        info!(
-            round = r,
-            "synced in the middle of a round; joining from the next one"
-        );
-        self.announce(Phase::Syncing).await;
-        let t = &self.manifest.manifest.training;
-        let cap = Duration::from_secs((t.round_deadline_secs as u64).max(60) * 4);
-        let until = Instant::now() + cap;
-        let mut last_refresh = Instant::now();
-        while self.round_under_way()
-            && Instant::now() < until
-            && !self.shutting_down()
-            && self.available()
-        {
-            self.next_event_within(Duration::from_millis(200)).await;
-            if last_refresh.elapsed() > Duration::from_secs(1) {
-                self.refresh_statuses().await;
-                last_refresh = Instant::now();
-            }
-        }
-    }
-
-    /// Stops training until the machine is idle again: announces [`Phase::Paused`], moves the
-    /// model and optimizer off the device, and keeps serving. Returns false on shutdown.
-    async fn pause(&mut self) -> bool {
-        let t0 = Instant::now();
-        let reason = self
-            .availability()
-            .map_or_else(|| "busy".to_string(), |a| a.reason);
-        self.announce(Phase::Paused).await;
-        if let Some(mut c) = self.compute.take() {
-            match tokio::task::spawn_blocking(move || {
-                c.trainer.suspend();
-                c
-            })
-            .await
-            {
-                Ok(c) => self.compute = Some(c),
-                Err(e) => warn!(error = %e, "could not release the device"),
-            }
-        }
-        self.publish_window(WindowState::Busy, &reason, true).await;
-        info!(round = self.state.round, %reason, "training paused; the device is released");
-        self.sink.emit(&NodeEvent::Paused {
-            round: self.state.round,
-            reason,
-        });
-        while !self.available() {
-            if self.shutting_down() {
-                return false;
-            }
-            self.next_event_within(Duration::from_millis(100)).await;
-            self.publish_window(WindowState::Busy, "", false).await;
-        }
-        let paused_secs = t0.elapsed().as_secs_f64();
-        info!(round = self.state.round, paused_secs, "resuming");
-        self.sink.emit(&NodeEvent::Resumed {
-            round: self.state.round,
-            paused_secs,
-        });
-        self.announce(Phase::Ready).await;
-        true
-    }
-
-    /// Signs and publishes our window record in Kademlia when its state changed (or `force`),
-    /// or when the last one is older than [`WINDOW_REFRESH_SECS`].
-    async fn publish_window(&mut self, state: WindowState, reason: &str, force: bool) {
-        let stale = self.window_published.is_none_or(|(st, at)| {
-            st != state || at.elapsed() > Duration::from_secs(WINDOW_REFRESH_SECS)
-        });
-        if !force && !stale {
-            return;
-        }
-        let avail = self.availability();
-        let reason = if reason.is_empty() {
-            avail.as_ref().map(|a| a.reason.clone()).unwrap_or_default()
-        } else {
-            reason.to_string()
-        };
-        let mut reason = reason;
-        reason.truncate(nightshift_protocol::message::MAX_WINDOW_TEXT);
-        let record = WindowRecord {
-            device_kind: self.device.kind.clone(),
-            device_name: self.device.name.clone(),
-            memory_bytes: self.device.memory_bytes,
-            tokens_per_sec: self.tokens_per_sec.unwrap_or(0.0) as f32,
-            open_until: avail.and_then(|a| a.open_until).map(unix_secs),
-            state,
-            reason,
-            round: self.state.round,
-            updated_at: unix_secs(SystemTime::now()),
-        };
-        let env = sign_window(&self.key, self.swarm_id, self.hash, &record);
-        self.net.put_window(env).await;
-        self.window_published = Some((state, Instant::now()));
-        self.update_control_info(Some(&record));
-    }
-
-    /// Refreshes what `nightshift status` shows.
-    fn update_control_info(&self, window: Option<&WindowRecord>) {
-        let Some(info) = &self.control_info else {
-            return;
-        };
-        let avail = self.availability();
-        if let Ok(mut v) = info.write() {
-            let mut obj = serde_json::json!({
-                "peer_id": self.net.local_peer.to_string(),
-                "swarm_id": self.swarm_id.to_hex(),
-                "round": self.state.round,
-                "state_hash": self.hash.to_hex(),
-                "phase": format!("{:?}", self.phase).to_lowercase(),
-                "idle": avail.as_ref().is_none_or(|a| a.idle),
-                "idle_reason": avail.as_ref().map(|a| a.reason.clone()).unwrap_or_default(),
-                "tokens_per_sec": self.tokens_per_sec,
-            });
-            if let Some(w) = window {
-                obj["window"] = serde_json::to_value(w).unwrap_or_default();
-            } else if let Some(old) = v.get("window") {
-                obj["window"] = old.clone();
-            }
-            *v = obj;
-        }
-    }
-
-    /// Fetches the live peers' window records in the background (for their speeds).
-    fn refresh_peer_windows(&self) {
-        let peers: Vec<PeerId> = self.trainer_peers().iter().map(|(p, _)| *p).collect();
-        let net = self.net.clone();
-        let into = self.peer_windows.clone();
-        let swarm = self.swarm_id;
-        tokio::spawn(async move {
-            for p in peers {
-                let Some(key) = net::public_key_of(&p) else {
-                    continue;
-                };
-                let got = tokio::time::timeout(
-                    Duration::from_secs(LOOKUP_TIMEOUT_SECS),
-                    net.get_window(key),
-                )
-                .await;
-                if let Ok(Some(env)) = got
-                    && let Ok(rec) = nightshift_protocol::message::open_window(&env, &swarm)
-                    && let Ok(mut m) = into.lock()
-                {
-                    m.insert(p, rec);
-                }
-            }
-        });
-    }
-
-    /// How long this round's training may take: [`BUDGET_FACTOR`] times the median expected
-    /// training time of the live trainers whose speed is known (ours included). `None` until at
-    /// least two speeds are known.
-    fn train_budget(&self) -> Option<Duration> {
-        let t = &self.manifest.manifest.training;
-        let tokens = f64::from(t.inner_steps)
-            * f64::from(t.batch_size)
-            * f64::from(self.manifest.manifest.model.seq_len);
-        let live: HashSet<PeerId> = self
-            .trainer_peers()
-            .iter()
-            .filter(|(_, s)| !matches!(s.phase, Phase::Paused | Phase::Syncing))
-            .map(|(p, _)| *p)
-            .collect();
-        let mut speeds: Vec<f64> = self
-            .peer_windows
-            .lock()
-            .map(|m| {
-                m.iter()
-                    .filter(|(p, w)| live.contains(p) && w.tokens_per_sec > 0.0)
-                    .map(|(_, w)| f64::from(w.tokens_per_sec))
-                    .collect()
-            })
-            .unwrap_or_default();
-        speeds.extend(self.tokens_per_sec);
-        if speeds.len() < 2 {
-            return None;
-        }
-        speeds.sort_by(f64::total_cmp);
-        let median = speeds[speeds.len() / 2];
-        Some(Duration::from_secs_f64(BUDGET_FACTOR * tokens / median))
     }
 
     fn status(&self) -> Status {
@@ -903,105 +649,6 @@ impl<B: AutodiffBackend> Driver<B> {
         }
     }
 
-    /// Downloads the encoded state `hash` of `round` in chunks from `holders` (moving to the next
-    /// holder when one fails), resuming a partial download left in the store, and verifies it
-    /// against `hash`. Returns the state, the peer that sent the last chunk, and the bytes
-    /// fetched now.
-    async fn fetch_state(
-        &self,
-        holders: &[PeerId],
-        round: u64,
-        hash: Hash32,
-    ) -> anyhow::Result<(StateSnapshot, PeerId, u64)> {
-        // An encoded state: round, two f32 vectors, and `formed_by` (at most one key per member).
-        let max_total = (8 * self.num_params + 32 * 65_536 + 1024) as u64;
-        let mut buf = self.store.download(&hash.0).unwrap_or_default();
-        if !buf.is_empty() {
-            info!(
-                bytes = buf.len(),
-                "resuming a partial state download from the store"
-            );
-        }
-        let mut total: Option<u64> = None;
-        let mut fetched = 0u64;
-        let mut last_peer = None;
-        'peers: for &peer in holders {
-            loop {
-                let offset = buf.len() as u64;
-                if total.is_some_and(|t| offset >= t) {
-                    break 'peers;
-                }
-                let r = tokio::time::timeout(
-                    Duration::from_secs(LOOKUP_TIMEOUT_SECS * 6),
-                    self.net.request(
-                        peer,
-                        Request::GetStateChunk {
-                            hash,
-                            offset,
-                            len: SYNC_CHUNK_BYTES.min(MAX_CHUNK_BYTES),
-                        },
-                    ),
-                )
-                .await;
-                let chunk = match r {
-                    Ok(Ok(Response::StateChunk(Some(c)))) => c,
-                    Ok(Ok(_)) => {
-                        debug!(%peer, "peer no longer holds that state");
-                        continue 'peers;
-                    }
-                    Ok(Err(e)) => {
-                        debug!(%peer, error = %e, "chunk request failed");
-                        continue 'peers;
-                    }
-                    Err(_) => continue 'peers,
-                };
-                let bad = chunk.offset != offset
-                    || chunk.total > max_total
-                    || total.is_some_and(|t| t != chunk.total)
-                    || chunk.bytes.len() > SYNC_CHUNK_BYTES as usize
-                    || (chunk.bytes.is_empty() && offset < chunk.total)
-                    || offset + chunk.bytes.len() as u64 > chunk.total;
-                if bad {
-                    warn!(%peer, "peer sent a malformed state chunk; trying another peer");
-                    continue 'peers;
-                }
-                total = Some(chunk.total);
-                if let Err(e) = self.store.save_chunk(&hash.0, offset, &chunk.bytes) {
-                    debug!(error = %e, "cannot record download progress");
-                }
-                fetched += chunk.bytes.len() as u64;
-                buf.extend_from_slice(&chunk.bytes);
-                last_peer = Some(peer);
-            }
-        }
-        let (Some(t), Some(peer)) = (total, last_peer) else {
-            bail!("no holder served the state");
-        };
-        if buf.len() as u64 != t {
-            bail!("the download stopped at {} of {t} bytes", buf.len());
-        }
-        let n = self.num_params;
-        let checked = tokio::task::spawn_blocking(move || {
-            let s: StateSnapshot = wire::decode(&buf, max_total as usize)
-                .map_err(|e| anyhow::anyhow!("the downloaded state does not decode: {e}"))?;
-            if s.round != round || s.params.len() != n || s.momentum.len() != n {
-                bail!("the downloaded state has the wrong round or shape");
-            }
-            let got = s.hash();
-            if got != hash {
-                bail!(
-                    "state hash {} does not match the swarm's {}",
-                    got.short(),
-                    hash.short()
-                );
-            }
-            Ok(s)
-        })
-        .await?;
-        let _ = self.store.clear_downloads();
-        Ok((checked?, peer, fetched))
-    }
-
     async fn adopt(&mut self, s: StateSnapshot, from: PeerId, reason: &str, secs: f64, bytes: u64) {
         info!(round = s.round, hash = %s.hash().short(), %from, reason, "synced state from peer");
         self.hash = s.hash();
@@ -1144,6 +791,13 @@ impl<B: AutodiffBackend> Driver<B> {
             },
             NetEvent::StatusAnnounced { peer, status } => {
                 self.connected.insert(peer);
+                if status.phase == Phase::Training && status.role == NodeRole::Trainer {
+                    self.round_started
+                        .entry(status.round)
+                        .or_insert_with(Instant::now);
+                    let keep = status.round.saturating_sub(2);
+                    self.round_started.retain(|r, _| *r >= keep);
+                }
                 self.statuses.insert(peer, status);
             }
             NetEvent::PeerConnected(peer) => {
@@ -1250,7 +904,7 @@ impl<B: AutodiffBackend> Driver<B> {
 
         // Inner phase, on a blocking thread: until H steps, the time budget, the window closing
         // or shutdown, whichever comes first.
-        let budget = self.train_budget();
+        let budget = self.budget_override.take().or_else(|| self.train_budget());
         let report = match self.train(t.inner_steps, budget).await? {
             Trained::Nothing if self.shutting_down() => return Ok(Outcome::Shutdown),
             Trained::Nothing => return Ok(Outcome::Yielded),
