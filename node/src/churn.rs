@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::process::Child;
 
 use crate::cli::SwarmFlags;
-use crate::demo::{start_bootstrap, tempfile_dir};
+use crate::demo::{local_node_args, start_bootstrap, tempfile_dir};
 use crate::events::{NodeEvent, read_timed_events};
 use crate::plot::{Series, line_chart};
 
@@ -324,29 +324,17 @@ async fn run_plan(
     let mpath = dir.join("manifest.json");
     std::fs::write(&mpath, serde_json::to_string_pretty(&manifest)?)?;
     let (_boot, boot_addr) = start_bootstrap(&dir, &mpath, started).await?;
-    let s = |p: &Path| p.display().to_string();
     let node_args = |i: usize| -> Vec<String> {
-        vec![
-            "run".into(),
-            "--manifest".into(),
-            s(&mpath),
-            "--key".into(),
-            s(&dir.join(format!("node{i}.key.json"))),
-            "--bootstrap".into(),
-            boot_addr.clone(),
-            "--listen".into(),
-            "/ip4/127.0.0.1/tcp/0".into(),
-            "--data-dir".into(),
-            s(&dir.join(format!("node{i}"))),
-            "--events".into(),
-            s(&dir.join(format!("node{i}.events.jsonl"))),
+        let mut a = local_node_args(&dir, &mpath, &boot_addr, i);
+        a.extend([
             "--min-peers".into(),
             usize::from(plan.nodes > 1).to_string(),
             "--idle".into(),
             plan.windows[i].clone(),
             "--idle-after".into(),
             "0".into(),
-        ]
+        ]);
+        a
     };
     let threads = args.threads_per_node.to_string();
     let start_node = |i: usize, tag: &str| -> anyhow::Result<Child> {

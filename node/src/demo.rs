@@ -117,6 +117,27 @@ pub(crate) async fn start_bootstrap(
     }
 }
 
+/// The arguments of `nightshift run` for local node `i` of a swarm kept in `dir`: its key
+/// `node<i>.key.json`, store `node<i>/` and events `node<i>.events.jsonl` there, on 127.0.0.1.
+pub(crate) fn local_node_args(dir: &Path, mpath: &Path, boot_addr: &str, i: usize) -> Vec<String> {
+    let s = |p: &Path| p.display().to_string();
+    vec![
+        "run".into(),
+        "--manifest".into(),
+        s(mpath),
+        "--key".into(),
+        s(&dir.join(format!("node{i}.key.json"))),
+        "--bootstrap".into(),
+        boot_addr.into(),
+        "--listen".into(),
+        "/ip4/127.0.0.1/tcp/0".into(),
+        "--data-dir".into(),
+        s(&dir.join(format!("node{i}"))),
+        "--events".into(),
+        s(&dir.join(format!("node{i}.events.jsonl"))),
+    ]
+}
+
 /// Starts the binary with `args`, its output going to `log`; killed when dropped.
 pub(crate) fn spawn(args: &[String], log: &Path) -> anyhow::Result<Child> {
     let log =
@@ -306,22 +327,10 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     for i in 0..args.nodes {
         let ev = dir.join(format!("node{i}.events.jsonl"));
         let _ = std::fs::remove_file(&ev);
-        let mut a: Vec<String> = vec![
-            "run".into(),
-            "--manifest".into(),
-            s(&mpath),
-            "--key".into(),
-            s(&dir.join(format!("node{i}.key.json"))),
-            "--bootstrap".into(),
-            boot_addr.clone(),
-            "--listen".into(),
-            "/ip4/127.0.0.1/tcp/0".into(),
-            "--data-dir".into(),
-            s(&dir.join(format!("node{i}"))),
+        let mut a = local_node_args(&dir, &mpath, &boot_addr, i);
+        a.extend([
             "--rounds".into(),
             args.rounds.to_string(),
-            "--events".into(),
-            s(&ev),
             "--shard".into(),
             format!("{i}/{}", args.nodes),
             "--min-peers".into(),
@@ -329,7 +338,7 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
             // The demo's nodes share this machine: each would see the others' load as busy.
             "--idle".into(),
             "always".into(),
-        ];
+        ]);
         if let Some(d) = &args.swarm.data {
             a.extend(["--data".into(), s(d)]);
         }

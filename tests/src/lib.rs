@@ -61,6 +61,19 @@ impl Drop for Proc {
     }
 }
 
+/// Waits for every process to exit successfully, each within `timeout`; names the first that
+/// does not.
+pub fn assert_all_finish(procs: &mut [&mut Proc], timeout: Duration) {
+    for p in procs.iter_mut() {
+        assert_eq!(
+            p.wait_exit(timeout),
+            Some(true),
+            "{} did not finish cleanly",
+            p.name
+        );
+    }
+}
+
 /// Runs the binary to completion and returns stdout.
 pub fn run_ok(args: &[&str]) -> String {
     let out = Command::new(nightshift_bin())

@@ -1,7 +1,7 @@
 //! Real processes on 127.0.0.1: a bootstrap and three trainers that know only its address.
 
 use nightshift_node::events::NodeEvent;
-use nightshift_tests::{TestSwarm, wait_until};
+use nightshift_tests::{TestSwarm, assert_all_finish, wait_until};
 use std::time::Duration;
 
 const EXIT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -23,14 +23,8 @@ fn three_nodes_find_each_other_and_train_five_rounds_in_agreement() {
     );
     let (_boot, addr) = swarm.bootstrap();
     let mut nodes: Vec<_> = (0..3).map(|i| swarm.node(i, &addr, 5)).collect();
-    for n in &mut nodes {
-        assert_eq!(
-            n.wait_exit(EXIT_TIMEOUT),
-            Some(true),
-            "{} did not finish cleanly",
-            n.name
-        );
-    }
+    let mut all: Vec<&mut _> = nodes.iter_mut().collect();
+    assert_all_finish(&mut all, EXIT_TIMEOUT);
     let h: Vec<_> = (0..3).map(|i| swarm.hashes(i)).collect();
     for round in 1..=5 {
         let r0 = h[0]
@@ -120,14 +114,7 @@ fn a_killed_node_is_not_waited_for_and_resumes_from_its_checkpoint() {
             .any(|e| matches!(e, NodeEvent::Started { resumed: true, .. }))),
         "the restarted node did not resume"
     );
-    for n in [&mut n0, &mut n1, &mut n2] {
-        assert_eq!(
-            n.wait_exit(EXIT_TIMEOUT),
-            Some(true),
-            "{} did not finish cleanly",
-            n.name
-        );
-    }
+    assert_all_finish(&mut [&mut n0, &mut n1, &mut n2], EXIT_TIMEOUT);
     let started = swarm.events(2).into_iter().find_map(|e| match e {
         NodeEvent::Started {
             round,

@@ -7,7 +7,7 @@
 //! The scenarios run one at a time (a lock): each is a swarm of processes on a 2-core machine.
 
 use nightshift_node::events::NodeEvent;
-use nightshift_tests::{TestSwarm, run_ok, wait_until};
+use nightshift_tests::{TestSwarm, assert_all_finish, run_ok, wait_until};
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -174,14 +174,7 @@ fn a_closing_window_yields_a_partial_contribution_and_the_node_rejoins_when_idle
     );
     // Open the window again: node 2 catches up and contributes again.
     set_idle(&idle_file, true);
-    for n in [&mut n0, &mut n1, &mut n2] {
-        assert_eq!(
-            n.wait_exit(EXIT_TIMEOUT),
-            Some(true),
-            "{} did not finish cleanly",
-            n.name
-        );
-    }
+    assert_all_finish(&mut [&mut n0, &mut n1, &mut n2], EXIT_TIMEOUT);
     let ev2 = swarm.events(2);
     assert!(
         ev2.iter().any(|e| matches!(e, NodeEvent::Resumed { .. })),
@@ -248,14 +241,7 @@ fn a_node_joining_mid_run_syncs_and_contributes_in_the_next_round() {
         "the first two nodes did not reach round 5"
     );
     let mut n2 = swarm.node_with(2, &addr, rounds, &["--idle", "always", "--min-peers", "1"]);
-    for n in [&mut n0, &mut n1, &mut n2] {
-        assert_eq!(
-            n.wait_exit(EXIT_TIMEOUT),
-            Some(true),
-            "{} did not finish cleanly",
-            n.name
-        );
-    }
+    assert_all_finish(&mut [&mut n0, &mut n1, &mut n2], EXIT_TIMEOUT);
     let ev2 = swarm.events(2);
     let first_sync = ev2
         .iter()
@@ -335,14 +321,7 @@ fn sigkill_at_random_moments_loses_no_completed_round() {
             "node 2 did not resume from its last completed round {before}"
         );
     }
-    for n in [&mut n0, &mut n1, &mut n2] {
-        assert_eq!(
-            n.wait_exit(EXIT_TIMEOUT),
-            Some(true),
-            "{} did not finish cleanly",
-            n.name
-        );
-    }
+    assert_all_finish(&mut [&mut n0, &mut n1, &mut n2], EXIT_TIMEOUT);
     assert_agreement(&swarm, 3);
     for i in 1..3 {
         assert_eq!(swarm.hashes(i).get(&rounds), swarm.hashes(0).get(&rounds));
