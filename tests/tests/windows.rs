@@ -33,6 +33,23 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(|e| e.into_inner())
 }
 
+/// Keys and a manifest for three trainers of the tiny model with H = `inner_steps` (a 5-step
+/// warm-up; a 120 s deadline, so that only a stalled swarm ever reaches it).
+fn three_nodes(dir: &Path, inner_steps: &str) -> TestSwarm {
+    TestSwarm::create(
+        dir,
+        3,
+        &[
+            "--inner-steps",
+            inner_steps,
+            "--warmup-steps",
+            "5",
+            "--deadline-secs",
+            "120",
+        ],
+    )
+}
+
 /// First 6 bytes (hex) of node `i`'s public key: how round records name senders.
 fn short_key(swarm: &TestSwarm, i: usize) -> String {
     let text = std::fs::read_to_string(swarm.dir.join(format!("node{i}.key.json"))).unwrap();
@@ -75,18 +92,7 @@ fn completed(swarm: &TestSwarm, i: usize) -> Vec<nightshift_node::events::RoundR
 fn a_closing_window_yields_a_partial_contribution_and_the_node_rejoins_when_idle() {
     let _one = serial();
     let (_keep, dir) = scratch();
-    let swarm = TestSwarm::create(
-        &dir,
-        3,
-        &[
-            "--inner-steps",
-            "200",
-            "--warmup-steps",
-            "5",
-            "--deadline-secs",
-            "120",
-        ],
-    );
+    let swarm = three_nodes(&dir, "200");
     let (_boot, addr) = swarm.bootstrap();
     let idle_file = dir.join("node2.idle");
     set_idle(&idle_file, true);
@@ -220,18 +226,7 @@ fn a_closing_window_yields_a_partial_contribution_and_the_node_rejoins_when_idle
 fn a_node_joining_mid_run_syncs_and_contributes_in_the_next_round() {
     let _one = serial();
     let (_keep, dir) = scratch();
-    let swarm = TestSwarm::create(
-        &dir,
-        3,
-        &[
-            "--inner-steps",
-            "200",
-            "--warmup-steps",
-            "5",
-            "--deadline-secs",
-            "120",
-        ],
-    );
+    let swarm = three_nodes(&dir, "200");
     let (_boot, addr) = swarm.bootstrap();
     let rounds = 14;
     let mut n0 = swarm.node_with(0, &addr, rounds, &["--idle", "always", "--min-peers", "1"]);
@@ -274,18 +269,7 @@ fn a_node_joining_mid_run_syncs_and_contributes_in_the_next_round() {
 fn sigkill_at_random_moments_loses_no_completed_round() {
     let _one = serial();
     let (_keep, dir) = scratch();
-    let swarm = TestSwarm::create(
-        &dir,
-        3,
-        &[
-            "--inner-steps",
-            "40",
-            "--warmup-steps",
-            "5",
-            "--deadline-secs",
-            "120",
-        ],
-    );
+    let swarm = three_nodes(&dir, "40");
     let (_boot, addr) = swarm.bootstrap();
     let rounds = 12;
     let mut n0 = swarm.node(0, &addr, rounds);
