@@ -477,8 +477,16 @@ impl EventLoop {
                         .store_mut()
                         .get(&record.key)
                         .map(|r| r.into_owned());
+                    // What the store holds was verified when it went in: only its time stamp
+                    // matters here.
                     let older = held
-                        .and_then(|r| self.valid_window(&r))
+                        .and_then(|r| {
+                            wire::decode::<SignedEnvelope>(
+                                &r.value,
+                                nightshift_protocol::message::MAX_WINDOW_TEXT * 8,
+                            )
+                            .ok()
+                        })
                         .is_some_and(|held| held.header.round > env.header.round);
                     if !older && let Err(e) = self.swarm.behaviour_mut().kad.store_mut().put(record)
                     {

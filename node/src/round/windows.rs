@@ -163,7 +163,7 @@ impl<B: AutodiffBackend> Driver<B> {
                 Err(e) => warn!(error = %e, "could not release the device"),
             }
         }
-        self.publish_window(WindowState::Busy, &reason, true).await;
+        // `announce(Paused)` above has already published the Busy window record.
         info!(round = self.state.round, %reason, "training paused; the device is released");
         self.sink.emit(&NodeEvent::Paused {
             round: self.state.round,
