@@ -1,12 +1,10 @@
 //! A small GPT-style character model.
 
-use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::transformer::{
-    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
-};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
+use burn::tensor::TensorData;
+use burn::tensor::activation::{gelu, softmax};
 
 /// Architecture of a [`Gpt`].
 #[derive(Config, Debug, PartialEq)]
@@ -59,22 +57,86 @@ impl GptConfig {
     /// Builds the model with burn's default initialisation. Use
     /// [`crate::flat::genesis_params`] for the swarm's deterministic initial parameters.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Gpt<B> {
+        let d = self.d_model;
         Gpt {
-            tok: EmbeddingConfig::new(self.vocab, self.d_model).init(device),
-            pos: EmbeddingConfig::new(self.seq_len, self.d_model).init(device),
-            blocks: TransformerEncoderConfig::new(
-                self.d_model,
-                self.d_ff,
-                self.n_heads,
-                self.n_layers,
-            )
-            .with_norm_first(true)
-            .with_dropout(0.0)
-            .init(device),
-            norm: LayerNormConfig::new(self.d_model).init(device),
-            head: LinearConfig::new(self.d_model, self.vocab).init(device),
+            tok: EmbeddingConfig::new(self.vocab, d).init(device),
+            pos: EmbeddingConfig::new(self.seq_len, d).init(device),
+            blocks: (0..self.n_layers)
+                .map(|_| Block {
+                    norm_attn: LayerNormConfig::new(d).init(device),
+                    qkv: LinearConfig::new(d, 3 * d).init(device),
+                    proj: LinearConfig::new(d, d).init(device),
+                    norm_ff: LayerNormConfig::new(d).init(device),
+                    ff_in: LinearConfig::new(d, self.d_ff).init(device),
+                    ff_out: LinearConfig::new(self.d_ff, d).init(device),
+                    n_heads: self.n_heads,
+                })
+                .collect(),
+            norm: LayerNormConfig::new(d).init(device),
+            head: LinearConfig::new(d, self.vocab).init(device),
             seq_len: self.seq_len,
         }
+    }
+}
+
+/// One pre-norm transformer block: causal multi-head self-attention, then a GELU feed-forward,
+/// each added to the residual stream.
+///
+/// Written here rather than taken from burn-nn's `TransformerEncoder` for speed on the CPU
+/// (BENCHMARKS.md, "Where the inner loop's time goes"): the residual stream stays a 2-D
+/// `[batch·seq, d_model]` matrix, so every linear layer is one large matrix product forwards and
+/// backwards (burn's default linear on 3-D input runs one small product per batch row and sums
+/// the weight gradients over the batch), Q, K and V come from one fused projection, and the
+/// causal mask is added as a contiguous bias instead of a broadcast mask fill.
+#[derive(Module, Debug)]
+pub struct Block<B: Backend> {
+    norm_attn: LayerNorm<B>,
+    qkv: Linear<B>,
+    proj: Linear<B>,
+    norm_ff: LayerNorm<B>,
+    ff_in: Linear<B>,
+    ff_out: Linear<B>,
+    n_heads: usize,
+}
+
+impl<B: Backend> Block<B> {
+    /// # Shapes
+    /// - `x`: `[batch * seq, d_model]`
+    /// - `causal`: `[batch, n_heads, seq, seq]`, 0 where a position may attend, a large negative
+    ///   number where it may not
+    /// - returns: `[batch * seq, d_model]`
+    fn forward(
+        &self,
+        x: Tensor<B, 2>,
+        batch: usize,
+        seq: usize,
+        causal: Tensor<B, 4>,
+    ) -> Tensor<B, 2> {
+        let [rows, d_model] = x.dims();
+        let heads = self.n_heads;
+        let head_dim = d_model / heads;
+        // [batch, 3·heads, seq, head_dim]: Q, K and V heads side by side.
+        let qkv = self
+            .qkv
+            .forward(self.norm_attn.forward(x.clone()))
+            .reshape([batch, seq, 3 * heads, head_dim])
+            .swap_dims(1, 2);
+        let q = qkv.clone().narrow(1, 0, heads);
+        let k = qkv.clone().narrow(1, heads, heads);
+        let v = qkv.narrow(1, 2 * heads, heads);
+        let scores = q
+            .mul_scalar(1.0 / (head_dim as f64).sqrt())
+            .matmul(k.transpose())
+            + causal;
+        let context = softmax(scores, 3)
+            .matmul(v)
+            .swap_dims(1, 2)
+            .reshape([rows, d_model]);
+        let x = x + self.proj.forward(context);
+        let ff = self
+            .ff_out
+            .forward(gelu(self.ff_in.forward(self.norm_ff.forward(x.clone()))));
+        x + ff
     }
 }
 
@@ -83,7 +145,7 @@ impl GptConfig {
 pub struct Gpt<B: Backend> {
     tok: Embedding<B>,
     pos: Embedding<B>,
-    blocks: TransformerEncoder<B>,
+    blocks: Vec<Block<B>>,
     norm: LayerNorm<B>,
     head: Linear<B>,
     seq_len: usize,
@@ -97,15 +159,26 @@ impl<B: Backend> Gpt<B> {
     /// - returns: `[batch, seq, vocab]`
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         let [batch, seq] = tokens.dims();
+        let logits = self.logits(tokens);
+        let [_, vocab] = logits.dims();
+        logits.reshape([batch, seq, vocab])
+    }
+
+    /// Next-token logits, one row per position: `[batch * seq, vocab]`.
+    fn logits(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+        let [batch, seq] = tokens.dims();
         let device = tokens.device();
         let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
             .reshape([1, seq])
             .expand([batch, seq]);
         let x = self.tok.forward(tokens) + self.pos.forward(positions);
-        let mask = generate_autoregressive_mask::<B>(batch, seq, &device);
-        let x = self
-            .blocks
-            .forward(TransformerEncoderInput::new(x).mask_attn(mask));
+        let [_, _, d_model] = x.dims();
+        let mut x = x.reshape([batch * seq, d_model]);
+        let heads = self.blocks.first().map_or(1, |b| b.n_heads);
+        let causal = causal_bias::<B>(batch, heads, seq, &device);
+        for block in &self.blocks {
+            x = block.forward(x, batch, seq, causal.clone());
+        }
         self.head.forward(self.norm.forward(x))
     }
 
@@ -115,17 +188,65 @@ impl<B: Backend> Gpt<B> {
     /// - `inputs`, `targets`: `[batch, seq]`
     /// - returns: `[1]`
     pub fn loss(&self, inputs: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
-        let logits = self.forward(inputs);
-        let [batch, seq, vocab] = logits.dims();
+        let [batch, seq] = targets.dims();
+        let logits = self.logits(inputs);
         let loss = CrossEntropyLossConfig::new().init(&logits.device());
-        loss.forward(
-            logits.reshape([batch * seq, vocab]),
-            targets.reshape([batch * seq]),
-        )
+        loss.forward(logits, targets.reshape([batch * seq]))
     }
 
     /// The context length the model was built for.
     pub fn seq_len(&self) -> usize {
         self.seq_len
+    }
+}
+
+/// What is added to the attention scores for causal attention: 0 on and below the diagonal, a
+/// large negative number above it (so softmax gives those positions weight 0), laid out
+/// contiguously in the scores' own shape `[batch, heads, seq, seq]`.
+fn causal_bias<B: Backend>(
+    batch: usize,
+    heads: usize,
+    seq: usize,
+    device: &B::Device,
+) -> Tensor<B, 4> {
+    let mut one = vec![0.0f32; seq * seq];
+    for (i, row) in one.chunks_mut(seq).enumerate() {
+        for v in &mut row[i + 1..] {
+            *v = -1.0e9;
+        }
+    }
+    let mut all = Vec::with_capacity(batch * heads * seq * seq);
+    for _ in 0..batch * heads {
+        all.extend_from_slice(&one);
+    }
+    Tensor::from_data(TensorData::new(all, [batch, heads, seq, seq]), device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Cpu, cpu_device};
+
+    /// The model is causal: changing a later token changes no earlier position's logits.
+    #[test]
+    fn logits_do_not_see_the_future() {
+        let dev = cpu_device();
+        let m = GptConfig::preset("tiny", 12).unwrap().init::<Cpu>(&dev);
+        let a = Tensor::<Cpu, 2, Int>::from_data(
+            TensorData::new(vec![1i64, 2, 3, 4, 5, 6], [1, 6]),
+            &dev,
+        );
+        let b = Tensor::<Cpu, 2, Int>::from_data(
+            TensorData::new(vec![1i64, 2, 3, 9, 5, 6], [1, 6]),
+            &dev,
+        );
+        let la = m.forward(a).into_data().to_vec::<f32>().unwrap();
+        let lb = m.forward(b).into_data().to_vec::<f32>().unwrap();
+        assert_eq!(la[..3 * 12], lb[..3 * 12], "positions before the change");
+        assert_ne!(
+            la[3 * 12..4 * 12],
+            lb[3 * 12..4 * 12],
+            "the changed position"
+        );
     }
 }

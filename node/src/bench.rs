@@ -80,6 +80,10 @@ pub struct ConvergenceArgs {
     /// Write the loss curves (SVG).
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Do not carry a dropped contribution into the worker's next delta (the ablation of what
+    /// the nodes do: a contribution the round did not count is sent again with the next one).
+    #[arg(long)]
+    pub no_carry: bool,
     #[command(flatten)]
     pub recipe: SwarmFlags,
 }
@@ -124,6 +128,8 @@ pub struct Setup {
     genesis: Vec<f32>,
     val: Vec<(Vec<i32>, Vec<i32>)>,
     seed: u64,
+    /// Carry a dropped contribution into the worker's next delta, as the nodes do.
+    pub carry_dropped: bool,
 }
 
 impl Setup {
@@ -160,6 +166,7 @@ impl Setup {
             genesis,
             val,
             seed: s.init_seed,
+            carry_dropped: true,
         })
     }
 
@@ -278,7 +285,11 @@ impl Setup {
                 let (enc, sent) = encode_delta(&theta, &t.params(), codec, ef)?;
                 bytes += enc.body.len() as u64;
                 sends += 1;
-                if drops.random::<f64>() >= drop {
+                if drops.random::<f64>() < drop {
+                    if self.carry_dropped {
+                        ef.carry(&sent);
+                    }
+                } else {
                     let sender = [i as u8; 32];
                     collected.insert(
                         sender,
@@ -358,7 +369,14 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     }
     if want("drop") {
         for &d in &a.drop {
-            p.push(diloco(bk, bh, a.recipe.codec, d, format!(" drop={d}")));
+            let carry = if a.no_carry { " no-carry" } else { "" };
+            p.push(diloco(
+                bk,
+                bh,
+                a.recipe.codec,
+                d,
+                format!(" drop={d}{carry}"),
+            ));
         }
     }
     p
@@ -400,7 +418,8 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     if a.drop.iter().any(|d| !(0.0..1.0).contains(d)) {
         bail!("--drop probabilities must be in [0, 1)");
     }
-    let setup = Setup::new(&a.recipe, a.val_batches)?;
+    let mut setup = Setup::new(&a.recipe, a.val_batches)?;
+    setup.carry_dropped = !a.no_carry;
     let runs = plan(&a);
     println!(
         "convergence: {} runs, T={} per-worker steps, model {} ({} params), batch {}, seq {}",

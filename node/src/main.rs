@@ -3,6 +3,11 @@
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+/// Training allocates and frees many tensor buffers of the same few sizes every step; mimalloc
+/// reuses them where the system allocator maps and faults in fresh pages (BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = nightshift_node::cli::Cli::parse();
     let filter = EnvFilter::try_from_env("NIGHTSHIFT_LOG")
