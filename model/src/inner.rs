@@ -1,7 +1,7 @@
 //! The DiLoCo inner loop: H AdamW steps from θ(t) on the node's own shard.
 
 use burn::grad_clipping::GradientClippingConfig;
-use burn::module::{AutodiffModule, Module};
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
@@ -20,8 +20,11 @@ pub struct InnerConfig {
     pub warmup_steps: u64,
     pub batch_size: usize,
     pub weight_decay: f32,
-    /// Gradient clipping by norm, per parameter tensor (burn's clipping). 0 disables it.
+    /// Gradient clipping by norm. 0 disables it.
     pub grad_clip: f32,
+    /// Clip the global norm of all gradients together (PyTorch's `clip_grad_norm_`, what the
+    /// issue's recipe means), rather than each parameter tensor on its own (burn's clipping).
+    pub clip_global: bool,
 }
 
 impl Default for InnerConfig {
@@ -32,6 +35,7 @@ impl Default for InnerConfig {
             batch_size: 16,
             weight_decay: 0.1,
             grad_clip: 1.0,
+            clip_global: true,
         }
     }
 }
@@ -45,6 +49,43 @@ pub struct InnerReport {
     pub mean_loss: f32,
     /// True when `should_stop` cut the run short.
     pub yielded: bool,
+}
+
+/// Scales all gradients by one factor so that their global L2 norm is at most `max_norm`.
+fn clip_global_norm<B: AutodiffBackend>(
+    model: &Gpt<B>,
+    grads: &mut GradientsParams,
+    max_norm: f32,
+) {
+    struct SumSquares<'a> {
+        grads: &'a GradientsParams,
+        total: f64,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for SumSquares<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+                self.total += (g.clone() * g).sum().into_scalar().to_f64();
+            }
+        }
+    }
+    struct Scale<'a> {
+        grads: &'a mut GradientsParams,
+        factor: f32,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+                self.grads.register(param.id, g.mul_scalar(self.factor));
+            }
+        }
+    }
+    let mut sum = SumSquares { grads, total: 0.0 };
+    model.visit(&mut sum);
+    let norm = sum.total.sqrt();
+    if norm.is_finite() && norm > max_norm as f64 {
+        let factor = (max_norm as f64 / (norm + 1e-6)) as f32;
+        model.visit(&mut Scale { grads, factor });
+    }
 }
 
 /// A model, its AdamW state and its step counter. The optimizer state survives parameter loads.
@@ -75,7 +116,7 @@ struct Suspended {
 
 fn fresh_adamw<B: AutodiffBackend>(cfg: &InnerConfig) -> OptimizerAdaptor<AdamW, Gpt<B>, B> {
     let mut adamw = AdamWConfig::new().with_weight_decay(cfg.weight_decay);
-    if cfg.grad_clip > 0.0 {
+    if cfg.grad_clip > 0.0 && !cfg.clip_global {
         adamw = adamw.with_grad_clipping(Some(GradientClippingConfig::Norm(cfg.grad_clip)));
     }
     adamw.init()
@@ -244,7 +285,10 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
             let loss = model.loss(inputs, targets);
             let grads = loss.backward();
             loss_sum += loss.into_scalar().to_f64();
-            let grads = GradientsParams::from_grads(grads, &model);
+            let mut grads = GradientsParams::from_grads(grads, &model);
+            if self.cfg.clip_global && self.cfg.grad_clip > 0.0 {
+                clip_global_norm(&model, &mut grads, self.cfg.grad_clip);
+            }
             let lr = self.current_lr();
             self.model = Some(self.optim.step(lr, model, grads));
             self.steps_taken += 1;

@@ -80,7 +80,8 @@ impl ErrorFeedback {
 
     /// The round closed without counting the contribution that carried `sent` (it was lost on
     /// the way, late, or the node was cut off): carry it to the next delta too, so that the
-    /// work is delivered one round late instead of never.
+    /// work is delivered late instead of never. Only `bench convergence --carry-dropped` uses
+    /// it: stale work added on top of a later round's step was measured to hurt (BENCHMARKS.md).
     pub fn carry(&mut self, sent: &[f32]) {
         if self.residual.len() == sent.len() {
             self.residual

@@ -80,10 +80,21 @@ pub struct ConvergenceArgs {
     /// Write the loss curves (SVG).
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Do not carry a dropped contribution into the worker's next delta (the ablation of what
-    /// the nodes do: a contribution the round did not count is sent again with the next one).
+    /// Carry a dropped contribution into the worker's next delta (sent again with the next
+    /// one) instead of losing it. Measured worse than dropping (BENCHMARKS.md), so the nodes do
+    /// not do it; kept to measure it again.
     #[arg(long)]
-    pub no_carry: bool,
+    pub carry_dropped: bool,
+    /// Gradient clipping: `global` (one norm over all gradients, as the nodes do and PyTorch's
+    /// `clip_grad_norm_`) or `tensor` (each parameter tensor on its own: burn's clipping).
+    #[arg(long, default_value = "global", value_parser = ["global", "tensor"])]
+    pub clip: String,
+    /// What each DiLoCo worker samples from: `whole` (the whole training split, each worker with
+    /// its own random stream: what a node does unless given `--shard`, and what the single and
+    /// sync runs see) or `contiguous` (worker i of K gets the i-th contiguous K-th of the text,
+    /// as `demo` assigns them).
+    #[arg(long, default_value = "whole", value_parser = ["whole", "contiguous"])]
+    pub shards: String,
     #[command(flatten)]
     pub recipe: SwarmFlags,
 }
@@ -128,8 +139,10 @@ pub struct Setup {
     genesis: Vec<f32>,
     val: Vec<(Vec<i32>, Vec<i32>)>,
     seed: u64,
-    /// Carry a dropped contribution into the worker's next delta, as the nodes do.
+    /// Carry a dropped contribution into the worker's next delta (see `--carry-dropped`).
     pub carry_dropped: bool,
+    /// DiLoCo workers sample contiguous shards rather than the whole split (see `--shards`).
+    pub contiguous_shards: bool,
 }
 
 impl Setup {
@@ -156,6 +169,7 @@ impl Setup {
             batch_size: s.batch_size as usize,
             weight_decay: s.weight_decay,
             grad_clip: s.grad_clip,
+            clip_global: true,
         };
         Ok(Setup {
             corpus,
@@ -166,7 +180,8 @@ impl Setup {
             genesis,
             val,
             seed: s.init_seed,
-            carry_dropped: true,
+            carry_dropped: false,
+            contiguous_shards: false,
         })
     }
 
@@ -263,7 +278,11 @@ impl Setup {
                 Ok((
                     self.trainer(1)?,
                     ChaCha8Rng::seed_from_u64(self.seed ^ ((i as u64 + 1) * 0x9E37)),
-                    self.corpus.shard(i, k),
+                    if self.contiguous_shards {
+                        self.corpus.shard(i, k)
+                    } else {
+                        self.corpus.full_shard()
+                    },
                     ErrorFeedback::default(),
                 ))
             })
@@ -369,7 +388,7 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     }
     if want("drop") {
         for &d in &a.drop {
-            let carry = if a.no_carry { " no-carry" } else { "" };
+            let carry = if a.carry_dropped { " carried" } else { "" };
             p.push(diloco(
                 bk,
                 bh,
@@ -419,7 +438,9 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
         bail!("--drop probabilities must be in [0, 1)");
     }
     let mut setup = Setup::new(&a.recipe, a.val_batches)?;
-    setup.carry_dropped = !a.no_carry;
+    setup.carry_dropped = a.carry_dropped;
+    setup.contiguous_shards = a.shards == "contiguous";
+    setup.inner.clip_global = a.clip == "global";
     let runs = plan(&a);
     println!(
         "convergence: {} runs, T={} per-worker steps, model {} ({} params), batch {}, seq {}",

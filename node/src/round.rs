@@ -170,10 +170,6 @@ struct Driver<B: AutodiffBackend> {
     hash: Hash32,
     outer: OuterOptimizer,
     ef: ErrorFeedback,
-    /// Our last contribution as the others decode it, with its round, until a state formed
-    /// after it is in: if the swarm's state turns out to have been formed without it, it is
-    /// carried into the next delta (see [`ErrorFeedback::carry`]).
-    last_sent: Option<(u64, Vec<f32>)>,
     phase: Phase,
     holding: Vec<[u8; 32]>,
     statuses: HashMap<PeerId, Status>,
@@ -276,6 +272,7 @@ impl<B: AutodiffBackend> Driver<B> {
             batch_size: m.training.batch_size as usize,
             weight_decay: m.training.weight_decay,
             grad_clip: m.training.grad_clip,
+            clip_global: true,
         };
         let trainer = InnerTrainer::<B>::new(&cfg, inner, &state.params, &device)?;
         let me = opts.key.verifying_key().to_bytes();
@@ -354,7 +351,6 @@ impl<B: AutodiffBackend> Driver<B> {
             hash,
             outer,
             ef: ErrorFeedback::default(),
-            last_sent: None,
             phase: Phase::Ready,
             holding: vec![],
             statuses: HashMap::new(),
@@ -658,20 +654,7 @@ impl<B: AutodiffBackend> Driver<B> {
         info!(round = s.round, hash = %s.hash().short(), %from, reason, "synced state from peer");
         self.hash = s.hash();
         self.outer.buf = s.momentum.clone();
-        // Our last contribution, if the state we adopt was formed right after it but without
-        // it, is delivered with the next one rather than lost; anything older is dropped.
-        let mut ef = std::mem::take(&mut self.ef);
-        match self.last_sent.take() {
-            Some((r, sent)) if s.round == r + 1 && !s.formed_by.contains(&self.me) => {
-                info!(
-                    round = r,
-                    "our contribution was not counted; carrying it to the next round"
-                );
-                ef.carry(&sent);
-                self.ef = ef;
-            }
-            _ => self.ef = ErrorFeedback::default(),
-        }
+        self.ef = ErrorFeedback::default();
         if let Some(c) = self.compute.as_mut()
             && let Err(e) = c.trainer.load_params(&s.params)
         {
@@ -988,7 +971,6 @@ impl<B: AutodiffBackend> Driver<B> {
         let env = SignedEnvelope::sign(&self.key, header, wire::encode(&contribution));
         let encode_secs = t_enc.elapsed().as_secs_f64();
 
-        self.last_sent = Some((r, sent.clone()));
         let mut collected: BTreeMap<[u8; 32], Accepted> = BTreeMap::new();
         collected.insert(
             self.me,
@@ -1134,7 +1116,6 @@ impl<B: AutodiffBackend> Driver<B> {
         .await?;
         self.outer = outer;
         let formed_by: Vec<[u8; 32]> = collected.keys().copied().collect();
-        self.last_sent = None;
         self.state = StateSnapshot {
             round: r + 1,
             params,
