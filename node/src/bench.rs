@@ -89,11 +89,10 @@ pub struct ConvergenceArgs {
     /// `clip_grad_norm_`) or `tensor` (each parameter tensor on its own: burn's clipping).
     #[arg(long, default_value = "global", value_parser = ["global", "tensor"])]
     pub clip: String,
-    /// What each DiLoCo worker samples from: `whole` (the whole training split, each worker with
-    /// its own random stream: what a node does unless given `--shard`, and what the single and
-    /// sync runs see) or `contiguous` (worker i of K gets the i-th contiguous K-th of the text,
-    /// as `demo` assigns them).
-    #[arg(long, default_value = "whole", value_parser = ["whole", "contiguous"])]
+    /// What each DiLoCo worker samples from: `contiguous` (worker i of K gets the i-th
+    /// contiguous K-th of the text, as `demo` assigns them) or `whole` (the whole training
+    /// split, each worker with its own random stream: what a node does unless given `--shard`).
+    #[arg(long, default_value = "contiguous", value_parser = ["contiguous", "whole"])]
     pub shards: String,
     #[command(flatten)]
     pub recipe: SwarmFlags,
@@ -181,7 +180,7 @@ impl Setup {
             val,
             seed: s.init_seed,
             carry_dropped: false,
-            contiguous_shards: false,
+            contiguous_shards: true,
         })
     }
 

@@ -72,7 +72,7 @@ pub struct SwarmFlags {
     #[arg(long, default_value_t = 50)]
     pub inner_steps: u32,
     /// Pseudo-gradient codec: fp32, fp16, int8[:block], int4[:block], topk[:permille].
-    #[arg(long, default_value = "int8:64")]
+    #[arg(long, default_value = "int4:64")]
     pub codec: DeltaCodec,
     #[arg(long, default_value_t = 16)]
     pub batch_size: u32,
@@ -82,7 +82,8 @@ pub struct SwarmFlags {
     pub warmup_steps: u32,
     #[arg(long, default_value_t = 0.7)]
     pub outer_lr: f32,
-    #[arg(long, default_value_t = 0.9)]
+    /// Outer Nesterov momentum (0.8 beat the DiLoCo paper's 0.9 at T = 1000; BENCHMARKS.md).
+    #[arg(long, default_value_t = 0.8)]
     pub outer_momentum: f32,
     /// Seconds a node waits for the others after its contribution is out.
     #[arg(long, default_value_t = 60)]

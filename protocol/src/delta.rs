@@ -37,7 +37,7 @@ pub enum DeltaCodec {
 
 impl Default for DeltaCodec {
     fn default() -> Self {
-        DeltaCodec::Int8 { block: 64 }
+        DeltaCodec::Int4 { block: 64 }
     }
 }
 
