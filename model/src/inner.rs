@@ -25,6 +25,10 @@ pub struct InnerConfig {
     /// Clip the global norm of all gradients together (PyTorch's `clip_grad_norm_`, what the
     /// issue's recipe means), rather than each parameter tensor on its own (burn's clipping).
     pub clip_global: bool,
+    /// Cosine decay of the learning rate, from the end of the warm-up to this many inner steps,
+    /// down to `lr · final_lr_frac` (held after). 0 keeps the rate constant after the warm-up.
+    pub decay_steps: u64,
+    pub final_lr_frac: f64,
 }
 
 impl Default for InnerConfig {
@@ -36,7 +40,26 @@ impl Default for InnerConfig {
             weight_decay: 0.1,
             grad_clip: 1.0,
             clip_global: true,
+            decay_steps: 0,
+            final_lr_frac: 0.1,
         }
+    }
+}
+
+impl InnerConfig {
+    /// The learning rate of inner step `step` (0-based): linear warm-up, then constant or a
+    /// cosine decay to `lr · final_lr_frac` at `decay_steps`.
+    pub fn lr_at(&self, step: u64) -> f64 {
+        let w = self.warmup_steps;
+        if w > 0 && step < w {
+            return self.lr * (step + 1) as f64 / w as f64;
+        }
+        if self.decay_steps <= w {
+            return self.lr;
+        }
+        let progress = ((step - w) as f64 / (self.decay_steps - w) as f64).min(1.0);
+        let cos = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
+        self.lr * (self.final_lr_frac + (1.0 - self.final_lr_frac) * cos)
     }
 }
 
@@ -249,12 +272,7 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
 
     /// The learning rate of the next step.
     pub fn current_lr(&self) -> f64 {
-        let w = self.cfg.warmup_steps;
-        if w == 0 || self.steps_taken >= w {
-            self.cfg.lr
-        } else {
-            self.cfg.lr * (self.steps_taken + 1) as f64 / w as f64
-        }
+        self.cfg.lr_at(self.steps_taken)
     }
 
     /// Runs up to `steps` AdamW steps on random batches of `shard`. `should_stop` is checked

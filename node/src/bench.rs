@@ -94,6 +94,13 @@ pub struct ConvergenceArgs {
     /// split, each worker with its own random stream: what a node does unless given `--shard`).
     #[arg(long, default_value = "contiguous", value_parser = ["contiguous", "whole"])]
     pub shards: String,
+    /// Inner learning rate after the warm-up: `constant` (the recipe, and what nodes do) or
+    /// `cosine` (decays to `--final-lr-frac` of the rate over each run's per-worker steps).
+    #[arg(long, default_value = "constant", value_parser = ["constant", "cosine"])]
+    pub inner_schedule: String,
+    /// Where the cosine schedule ends, as a fraction of the inner learning rate.
+    #[arg(long, default_value_t = 0.1)]
+    pub final_lr_frac: f64,
     #[command(flatten)]
     pub recipe: SwarmFlags,
 }
@@ -142,6 +149,8 @@ pub struct Setup {
     pub carry_dropped: bool,
     /// DiLoCo workers sample contiguous shards rather than the whole split (see `--shards`).
     pub contiguous_shards: bool,
+    /// Cosine decay of the inner rate over each run (see `--inner-schedule`).
+    pub cosine: bool,
 }
 
 impl Setup {
@@ -169,6 +178,7 @@ impl Setup {
             weight_decay: s.weight_decay,
             grad_clip: s.grad_clip,
             clip_global: true,
+            ..InnerConfig::default()
         };
         Ok(Setup {
             corpus,
@@ -181,12 +191,15 @@ impl Setup {
             seed: s.init_seed,
             carry_dropped: false,
             contiguous_shards: true,
+            cosine: false,
         })
     }
 
-    fn trainer(&self, batch_mult: usize) -> anyhow::Result<InnerTrainer<CpuTrain>> {
+    /// A trainer for a run of `steps` steps per worker (the length a cosine schedule spans).
+    fn trainer(&self, batch_mult: usize, steps: u32) -> anyhow::Result<InnerTrainer<CpuTrain>> {
         let inner = InnerConfig {
             batch_size: self.inner.batch_size * batch_mult,
+            decay_steps: if self.cosine { steps as u64 } else { 0 },
             ..self.inner.clone()
         };
         Ok(InnerTrainer::new(
@@ -217,7 +230,7 @@ impl Setup {
         eval_every: u32,
     ) -> anyhow::Result<RunResult> {
         let start = Instant::now();
-        let mut t = self.trainer(batch_mult)?;
+        let mut t = self.trainer(batch_mult, steps)?;
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         let shard = self.corpus.full_shard();
         let mut curve = vec![(0, self.val_loss(&mut t))];
@@ -275,7 +288,7 @@ impl Setup {
         let mut workers: Vec<(InnerTrainer<CpuTrain>, ChaCha8Rng, Shard, ErrorFeedback)> = (0..k)
             .map(|i| {
                 Ok((
-                    self.trainer(1)?,
+                    self.trainer(1, steps)?,
                     ChaCha8Rng::seed_from_u64(self.seed ^ ((i as u64 + 1) * 0x9E37)),
                     if self.contiguous_shards {
                         self.corpus.shard(i, k)
@@ -440,6 +453,11 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.carry_dropped = a.carry_dropped;
     setup.contiguous_shards = a.shards == "contiguous";
     setup.inner.clip_global = a.clip == "global";
+    setup.cosine = a.inner_schedule == "cosine";
+    setup.inner.final_lr_frac = a.final_lr_frac;
+    if !(0.0..=1.0).contains(&a.final_lr_frac) {
+        bail!("--final-lr-frac must be in [0, 1]");
+    }
     let runs = plan(&a);
     println!(
         "convergence: {} runs, T={} per-worker steps, model {} ({} params), batch {}, seq {}",

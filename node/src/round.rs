@@ -273,6 +273,7 @@ impl<B: AutodiffBackend> Driver<B> {
             weight_decay: m.training.weight_decay,
             grad_clip: m.training.grad_clip,
             clip_global: true,
+            ..InnerConfig::default()
         };
         let trainer = InnerTrainer::<B>::new(&cfg, inner, &state.params, &device)?;
         let me = opts.key.verifying_key().to_bytes();

@@ -40,17 +40,37 @@ pub struct Store {
     db: sled::Db,
 }
 
+/// How long [`Store::open`] waits for another handle's lock on the directory to go away.
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl Store {
     /// Opens (or creates) the store in `dir`.
     ///
     /// # Errors
     /// When sled cannot open the directory (for example another node holds it).
+    ///
+    /// sled's file lock outlives a dropped handle by a moment (its flusher thread lets go
+    /// last), so a lock held by someone else is waited for up to [`LOCK_WAIT`] before this
+    /// gives up: a node restarted at once, or a store reopened in the same process, gets in.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let db = sled::open(dir).map_err(|source| StoreError::Open {
-            path: dir.display().to_string(),
-            source,
-        })?;
-        Ok(Store { db })
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            match sled::open(dir) {
+                Ok(db) => return Ok(Store { db }),
+                Err(sled::Error::Io(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(source) => {
+                    return Err(StoreError::Open {
+                        path: dir.display().to_string(),
+                        source,
+                    });
+                }
+            }
+        }
     }
 
     /// The stored identity secret, if any.

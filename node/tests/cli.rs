@@ -70,6 +70,8 @@ fn swarm_init_writes_a_manifest_that_a_bad_flag_cannot_produce() {
         "/ip4/127.0.0.1/tcp/1",
         "--manifest",
         "/nonexistent.json",
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
     ]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read manifest"));
