@@ -368,6 +368,32 @@ mod tests {
     }
 
     #[test]
+    fn the_rate_warms_up_then_holds_or_follows_a_cosine() {
+        let c = InnerConfig {
+            lr: 1e-3,
+            warmup_steps: 10,
+            ..Default::default()
+        };
+        assert!((c.lr_at(0) - 1e-4).abs() < 1e-12);
+        assert!((c.lr_at(9) - 1e-3).abs() < 1e-12);
+        assert_eq!(c.lr_at(5000), 1e-3, "constant after the warm-up by default");
+        let cos = InnerConfig {
+            decay_steps: 110,
+            final_lr_frac: 0.1,
+            ..c
+        };
+        assert!((cos.lr_at(10) - 1e-3).abs() < 1e-12, "decay starts at the peak");
+        assert!((cos.lr_at(60) - 0.55e-3).abs() < 1e-9, "half-way: the mean of both ends");
+        assert!((cos.lr_at(110) - 1e-4).abs() < 1e-12);
+        assert!((cos.lr_at(10_000) - 1e-4).abs() < 1e-12, "held at the floor");
+        let mut last = f64::INFINITY;
+        for s in 10..=110 {
+            assert!(cos.lr_at(s) <= last);
+            last = cos.lr_at(s);
+        }
+    }
+
+    #[test]
     fn training_stops_at_the_next_step_when_asked() {
         let dev = cpu_device();
         let text = &EMBEDDED_CORPUS[..50_000];

@@ -98,6 +98,12 @@ pub struct ConvergenceArgs {
     /// `cosine` (decays to `--final-lr-frac` of the rate over each run's per-worker steps).
     #[arg(long, default_value = "constant", value_parser = ["constant", "cosine"])]
     pub inner_schedule: String,
+    /// How a round with dropped contributions is averaged: `counted` (the token-weighted mean
+    /// of the contributions that arrived: what nodes do) or `zero` (each missing contribution
+    /// counts as a zero delta, so the step shrinks with the share of the round's tokens that
+    /// arrived; an empty round still moves by the outer momentum).
+    #[arg(long, default_value = "counted", value_parser = ["counted", "zero"])]
+    pub missing: String,
     /// Where the cosine schedule ends, as a fraction of the inner learning rate.
     #[arg(long, default_value_t = 0.1)]
     pub final_lr_frac: f64,
@@ -151,6 +157,8 @@ pub struct Setup {
     pub contiguous_shards: bool,
     /// Cosine decay of the inner rate over each run (see `--inner-schedule`).
     pub cosine: bool,
+    /// Missing contributions count as zero deltas (see `--missing`).
+    pub missing_as_zero: bool,
 }
 
 impl Setup {
@@ -192,6 +200,7 @@ impl Setup {
             carry_dropped: false,
             contiguous_shards: true,
             cosine: false,
+            missing_as_zero: false,
         })
     }
 
@@ -308,11 +317,13 @@ impl Setup {
         while done < steps {
             let n = h.min(steps - done);
             let mut collected = BTreeMap::new();
+            let mut round_tokens = 0u64;
             for (i, (t, rng, shard, ef)) in workers.iter_mut().enumerate() {
                 let t0 = Instant::now();
                 let rep = t.train(&self.corpus, shard, rng, n, &|| false);
                 train_secs += t0.elapsed().as_secs_f64();
                 tokens += rep.tokens;
+                round_tokens += rep.tokens;
                 let (enc, sent) = encode_delta(&theta, &t.params(), codec, ef)?;
                 bytes += enc.body.len() as u64;
                 sends += 1;
@@ -333,8 +344,19 @@ impl Setup {
                     );
                 }
             }
-            if let Some(avg) = aggregate(&collected) {
-                outer.step(&mut theta, &avg);
+            match aggregate(&collected) {
+                Some(mut avg) if self.missing_as_zero => {
+                    let arrived: u64 = collected.values().map(|a| a.tokens).sum();
+                    let share = arrived as f32 / round_tokens.max(1) as f32;
+                    avg.iter_mut().for_each(|v| *v *= share);
+                    outer.step(&mut theta, &avg);
+                }
+                Some(avg) => outer.step(&mut theta, &avg),
+                None if self.missing_as_zero => {
+                    let zero = vec![0.0; theta.len()];
+                    outer.step(&mut theta, &zero);
+                }
+                None => {}
             }
             for (t, ..) in workers.iter_mut() {
                 t.load_params(&theta)?;
@@ -400,7 +422,11 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     }
     if want("drop") {
         for &d in &a.drop {
-            let carry = if a.carry_dropped { " carried" } else { "" };
+            let carry = match (a.carry_dropped, a.missing.as_str()) {
+                (true, _) => " carried",
+                (false, "zero") => " missing=zero",
+                _ => "",
+            };
             p.push(diloco(
                 bk,
                 bh,
@@ -454,6 +480,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.contiguous_shards = a.shards == "contiguous";
     setup.inner.clip_global = a.clip == "global";
     setup.cosine = a.inner_schedule == "cosine";
+    setup.missing_as_zero = a.missing == "zero";
     setup.inner.final_lr_frac = a.final_lr_frac;
     if !(0.0..=1.0).contains(&a.final_lr_frac) {
         bail!("--final-lr-frac must be in [0, 1]");

@@ -76,7 +76,9 @@ pub struct SwarmFlags {
     pub codec: DeltaCodec,
     #[arg(long, default_value_t = 16)]
     pub batch_size: u32,
-    #[arg(long, default_value_t = 1e-3)]
+    /// AdamW learning rate of the inner steps (2e-3 beat the recipe's 1e-3 for one worker,
+    /// synchronous training and DiLoCo alike at T = 1000, and 3e-3: BENCHMARKS.md).
+    #[arg(long, default_value_t = 2e-3)]
     pub inner_lr: f32,
     #[arg(long, default_value_t = 50)]
     pub warmup_steps: u32,

@@ -45,6 +45,8 @@ pub struct TrainingSpec {
     pub inner_lr: f32,
     pub warmup_steps: u32,
     pub weight_decay: f32,
+    /// Largest global L2 norm of all inner gradients together (PyTorch's `clip_grad_norm_`); 0
+    /// disables clipping.
     pub grad_clip: f32,
     pub outer_lr: f32,
     pub outer_momentum: f32,
