@@ -382,10 +382,19 @@ mod tests {
             final_lr_frac: 0.1,
             ..c
         };
-        assert!((cos.lr_at(10) - 1e-3).abs() < 1e-12, "decay starts at the peak");
-        assert!((cos.lr_at(60) - 0.55e-3).abs() < 1e-9, "half-way: the mean of both ends");
+        assert!(
+            (cos.lr_at(10) - 1e-3).abs() < 1e-12,
+            "decay starts at the peak"
+        );
+        assert!(
+            (cos.lr_at(60) - 0.55e-3).abs() < 1e-9,
+            "half-way: the mean of both ends"
+        );
         assert!((cos.lr_at(110) - 1e-4).abs() < 1e-12);
-        assert!((cos.lr_at(10_000) - 1e-4).abs() < 1e-12, "held at the floor");
+        assert!(
+            (cos.lr_at(10_000) - 1e-4).abs() < 1e-12,
+            "held at the floor"
+        );
         let mut last = f64::INFINITY;
         for s in 10..=110 {
             assert!(cos.lr_at(s) <= last);
