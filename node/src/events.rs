@@ -32,6 +32,8 @@ pub enum NodeEvent {
         secs: f64,
         bytes: u64,
     },
+    /// Training of round `round` (from θ(round)) began: up to `steps` inner steps.
+    Training { round: u64, steps: u32 },
     /// The machine stopped being idle: training stopped at the next step boundary.
     Yielded {
         round: u64,

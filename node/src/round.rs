@@ -844,6 +844,7 @@ impl<B: AutodiffBackend> Driver<B> {
         let mut compute = self.compute.take().context("trainer state missing")?;
         let stop = self.stop.clone();
         let avail = self.avail.clone();
+        self.sink.emit(&NodeEvent::Training { round: r, steps });
         let t0 = Instant::now();
         let (compute, report, stopped_at) = tokio::task::spawn_blocking(move || {
             let c = &mut compute;

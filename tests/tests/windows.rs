@@ -103,12 +103,15 @@ fn a_closing_window_yields_a_partial_contribution_and_the_node_rejoins_when_idle
     let mut n2 = swarm.node_with(2, &addr, rounds, &["--idle", &spec, "--idle-after", "0"]);
     let me2 = short_key(&swarm, 2);
 
-    // Close node 2's window in the middle of round 2's training.
+    // Close node 2's window in the middle of its training from θ(2): a moment after it began
+    // (the first steps take milliseconds; 200 take about a second on 2 shared cores).
     assert!(
-        wait_until(Duration::from_secs(300), || swarm.round_of(2) >= 2),
-        "the swarm did not reach round 2"
+        wait_until(Duration::from_secs(300), || swarm.events(2).iter().any(
+            |e| matches!(e, NodeEvent::Training { round, .. } if *round >= 2)
+        )),
+        "node 2 did not start training round 2"
     );
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(300));
     set_idle(&idle_file, false);
     assert!(
         wait_until(Duration::from_secs(60), || swarm
