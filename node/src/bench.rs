@@ -344,19 +344,15 @@ impl Setup {
                     );
                 }
             }
-            match aggregate(&collected) {
-                Some(mut avg) if self.missing_as_zero => {
-                    let arrived: u64 = collected.values().map(|a| a.tokens).sum();
-                    let share = arrived as f32 / round_tokens.max(1) as f32;
-                    avg.iter_mut().for_each(|v| *v *= share);
-                    outer.step(&mut theta, &avg);
-                }
-                Some(avg) => outer.step(&mut theta, &avg),
-                None if self.missing_as_zero => {
-                    let zero = vec![0.0; theta.len()];
-                    outer.step(&mut theta, &zero);
-                }
-                None => {}
+            let avg = aggregate(&collected);
+            if self.missing_as_zero {
+                let arrived: u64 = collected.values().map(|a| a.tokens).sum();
+                let share = arrived as f32 / round_tokens.max(1) as f32;
+                let mut step = avg.unwrap_or_else(|| vec![0.0; theta.len()]);
+                step.iter_mut().for_each(|v| *v *= share);
+                outer.step(&mut theta, &step);
+            } else if let Some(avg) = avg {
+                outer.step(&mut theta, &avg);
             }
             for (t, ..) in workers.iter_mut() {
                 t.load_params(&theta)?;
@@ -422,18 +418,12 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     }
     if want("drop") {
         for &d in &a.drop {
-            let carry = match (a.carry_dropped, a.missing.as_str()) {
+            let how = match (a.carry_dropped, a.missing.as_str()) {
                 (true, _) => " carried",
                 (false, "zero") => " missing=zero",
                 _ => "",
             };
-            p.push(diloco(
-                bk,
-                bh,
-                a.recipe.codec,
-                d,
-                format!(" drop={d}{carry}"),
-            ));
+            p.push(diloco(bk, bh, a.recipe.codec, d, format!(" drop={d}{how}")));
         }
     }
     p
@@ -475,6 +465,9 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     if a.drop.iter().any(|d| !(0.0..1.0).contains(d)) {
         bail!("--drop probabilities must be in [0, 1)");
     }
+    if !(0.0..=1.0).contains(&a.final_lr_frac) {
+        bail!("--final-lr-frac must be in [0, 1]");
+    }
     let mut setup = Setup::new(&a.recipe, a.val_batches)?;
     setup.carry_dropped = a.carry_dropped;
     setup.contiguous_shards = a.shards == "contiguous";
@@ -482,9 +475,6 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.cosine = a.inner_schedule == "cosine";
     setup.missing_as_zero = a.missing == "zero";
     setup.inner.final_lr_frac = a.final_lr_frac;
-    if !(0.0..=1.0).contains(&a.final_lr_frac) {
-        bail!("--final-lr-frac must be in [0, 1]");
-    }
     let runs = plan(&a);
     println!(
         "convergence: {} runs, T={} per-worker steps, model {} ({} params), batch {}, seq {}",
