@@ -20,4 +20,7 @@ pub mod outer;
 pub use data::{Corpus, DataError, Shard, Tokenizer};
 pub use gpt::{Gpt, GptConfig};
 pub use inner::{InnerConfig, InnerReport, InnerTrainer};
-pub use outer::{ErrorFeedback, OuterOptimizer, WeightedDelta, weighted_average};
+pub use outer::{
+    ErrorFeedback, OuterOptimizer, WeightedDelta, noise_ratio, partial_round_scale,
+    weighted_average,
+};

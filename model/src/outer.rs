@@ -27,6 +27,44 @@ pub fn weighted_average(deltas: &[WeightedDelta<'_>]) -> Option<Vec<f32>> {
     Some(acc.into_iter().map(|a| a as f32).collect())
 }
 
+/// How far a round's average lies from the direction every contribution agrees on: the
+/// estimated variance of one contribution around the mean, over the squared norm of the mean's
+/// expected value, `r = σ² / |g|²` with `σ² = Σ|Δᵢ − Δ̄|² / (n − 1)` and
+/// `|g|² = |Δ̄|² − σ²/n` (unweighted). `None` below two contributions or when the mean carries
+/// no signal above the spread.
+pub fn noise_ratio(deltas: &[&[f32]]) -> Option<f64> {
+    let n = deltas.len();
+    let len = deltas.first()?.len();
+    if n < 2 || deltas.iter().any(|d| d.len() != len) {
+        return None;
+    }
+    let (mut spread, mut mean_sq) = (0f64, 0f64);
+    for j in 0..len {
+        let m = deltas.iter().map(|d| d[j] as f64).sum::<f64>() / n as f64;
+        mean_sq += m * m;
+        spread += deltas
+            .iter()
+            .map(|d| (d[j] as f64 - m).powi(2))
+            .sum::<f64>();
+    }
+    let var = spread / (n - 1) as f64;
+    let signal = mean_sq - var / n as f64;
+    (signal > 0.0).then(|| var / signal)
+}
+
+/// The factor a round's averaged delta is scaled by when fewer contributions arrived than were
+/// planned: the shrinkage that minimises the expected squared error of an average of `arrived`
+/// noisy contributions, `1 / (1 + r/arrived)`, relative to that of a full round of `planned`
+/// (so a full round is unchanged). `r` is the noise ratio of one contribution
+/// ([`noise_ratio`]); `r = 0` turns it off. `arrived` may be fractional (partial contributions
+/// count by their share of a full round's tokens).
+pub fn partial_round_scale(r: f64, planned: f64, arrived: f64) -> f32 {
+    if r <= 0.0 || arrived <= 0.0 || arrived >= planned {
+        return 1.0;
+    }
+    ((1.0 + r / planned) / (1.0 + r / arrived)) as f32
+}
+
 /// Nesterov-momentum SGD over flat parameters, treating the averaged delta as the gradient.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OuterOptimizer {
@@ -122,6 +160,38 @@ mod tests {
             }])
             .is_none()
         );
+    }
+
+    #[test]
+    fn noise_ratio_separates_agreement_from_spread() {
+        // Identical contributions: no spread at all.
+        let a = [1.0f32, 2.0, -1.0];
+        assert_eq!(noise_ratio(&[&a, &a, &a]), Some(0.0));
+        // Opposite contributions: no signal, no ratio.
+        let b = [-1.0f32, -2.0, 1.0];
+        assert_eq!(noise_ratio(&[&a, &b]), None);
+        // A shared direction plus noise: r close to σ²/|g|².
+        let g = [1.0f32, 0.0, 0.0, 0.0];
+        let c1 = [1.0f32, 1.0, 0.0, 0.0];
+        let c2 = [1.0f32, -1.0, 0.0, 0.0];
+        // mean = g, spread = 2, var = 2, signal = 1 - 2/2 = 0 -> no signal
+        assert_eq!(noise_ratio(&[&c1, &c2]), None);
+        let c3 = [2.0f32, 0.5, 0.0, 0.0];
+        let c4 = [2.0f32, -0.5, 0.0, 0.0];
+        let r = noise_ratio(&[&c3, &c4]).unwrap(); // var 0.5, signal 4 - 0.25
+        assert!((r - 0.5 / 3.75).abs() < 1e-9, "{r}");
+        assert!(noise_ratio(&[&g]).is_none());
+    }
+
+    #[test]
+    fn partial_rounds_shrink_and_full_rounds_do_not() {
+        assert_eq!(partial_round_scale(1.0, 4.0, 4.0), 1.0);
+        assert_eq!(partial_round_scale(0.0, 4.0, 1.0), 1.0);
+        let one = partial_round_scale(1.0, 4.0, 1.0);
+        let two = partial_round_scale(1.0, 4.0, 2.0);
+        assert!((one - 0.625).abs() < 1e-6, "{one}");
+        assert!(one < two && two < 1.0);
+        assert_eq!(partial_round_scale(1.0, 4.0, 0.0), 1.0);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use clap::{Args, Subcommand};
 use nightshift_model::backend::{CpuTrain, cpu_device};
 use nightshift_model::{
     Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer,
-    eval, flat,
+    eval, flat, noise_ratio, partial_round_scale,
 };
 use nightshift_protocol::{DeltaCodec, delta};
 use rand::{Rng, SeedableRng};
@@ -102,8 +102,19 @@ pub struct ConvergenceArgs {
     /// of the contributions that arrived: what nodes do) or `zero` (each missing contribution
     /// counts as a zero delta, so the step shrinks with the share of the round's tokens that
     /// arrived; an empty round still moves by the outer momentum).
-    #[arg(long, default_value = "counted", value_parser = ["counted", "zero"])]
+    /// `ema` imputes each missing contribution with the running mean of past steps (the
+    /// outer momentum buffer times 1 − momentum), so a short round leans on the direction the
+    /// swarm has been moving in; with `--partial-shrink` the share given to the arrivals is the
+    /// shrinkage factor instead of the share of tokens that arrived.
+    #[arg(long, default_value = "counted", value_parser = ["counted", "zero", "ema"])]
     pub missing: String,
+    /// Shrink the step of a round that lost contributions: by `(1 + r/K) / (1 + r/n)` for `n` of
+    /// `K` contributions arrived (a full round is unchanged), `r` being the noise ratio of one
+    /// contribution (spread around the mean over the mean's signal). A number fixes `r`; `auto`
+    /// estimates it from the rounds where two or more contributions arrived (a running mean);
+    /// `0` is off (what nodes do).
+    #[arg(long, default_value = "0")]
+    pub partial_shrink: String,
     /// Where the cosine schedule ends, as a fraction of the inner learning rate.
     #[arg(long, default_value_t = 0.1)]
     pub final_lr_frac: f64,
@@ -159,6 +170,32 @@ pub struct Setup {
     pub cosine: bool,
     /// Missing contributions count as zero deltas (see `--missing`).
     pub missing_as_zero: bool,
+    /// Missing contributions are imputed from the outer momentum (see `--missing ema`).
+    pub missing_as_ema: bool,
+    /// Shrink partial rounds (see `--partial-shrink`).
+    pub partial_shrink: Shrink,
+}
+
+/// `--partial-shrink`: off, a fixed noise ratio, or one estimated as the run goes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Shrink {
+    Fixed(f64),
+    Auto,
+}
+
+impl std::str::FromStr for Shrink {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(Shrink::Auto);
+        }
+        match s.parse::<f64>() {
+            Ok(r) if r >= 0.0 && r.is_finite() => Ok(Shrink::Fixed(r)),
+            _ => Err(format!(
+                "--partial-shrink takes a non-negative number or `auto`, not {s:?}"
+            )),
+        }
+    }
 }
 
 impl Setup {
@@ -201,6 +238,8 @@ impl Setup {
             contiguous_shards: true,
             cosine: false,
             missing_as_zero: false,
+            missing_as_ema: false,
+            partial_shrink: Shrink::Fixed(0.0),
         })
     }
 
@@ -311,6 +350,7 @@ impl Setup {
         let mut drops = ChaCha8Rng::seed_from_u64(self.seed ^ 0xD209);
         let mut theta = self.genesis.clone();
         let mut outer = OuterOptimizer::new(self.outer_lr, self.outer_momentum, theta.len());
+        let mut noise: Option<f64> = None;
         let mut curve = vec![(0, self.val_loss(&mut workers[0].0))];
         let (mut done, mut train_secs, mut bytes, mut sends, mut tokens) =
             (0u32, 0.0, 0u64, 0u64, 0u64);
@@ -345,14 +385,57 @@ impl Setup {
                 }
             }
             let avg = aggregate(&collected);
-            if self.missing_as_zero {
-                let arrived: u64 = collected.values().map(|a| a.tokens).sum();
+            if collected.len() >= 2 {
+                let deltas: Vec<&[f32]> = collected.values().map(|a| a.delta.as_slice()).collect();
+                if let Some(r) = noise_ratio(&deltas) {
+                    tracing::debug!(
+                        round = done / h.max(1),
+                        arrived = collected.len(),
+                        r,
+                        "noise ratio"
+                    );
+                    noise = Some(noise.map_or(r, |m: f64| 0.7 * m + 0.3 * r));
+                }
+            }
+            let r = match self.partial_shrink {
+                Shrink::Fixed(r) => r,
+                Shrink::Auto => noise.unwrap_or(0.0),
+            };
+            let arrived: u64 = collected.values().map(|a| a.tokens).sum();
+            let full = round_tokens as f64 / k as f64;
+            let n_eff = arrived as f64 / full.max(1.0);
+            let scale = partial_round_scale(r, k as f64, n_eff);
+            let step = if self.missing_as_ema && n_eff < k as f64 {
+                // s·avg + (1 − s)·(1 − μ)·b, s the arrivals' share (or the shrinkage factor).
+                let s = if r > 0.0 {
+                    scale
+                } else {
+                    (n_eff / k as f64) as f32
+                };
+                let ema = 1.0 - self.outer_momentum;
+                Some(match &avg {
+                    Some(a) => a
+                        .iter()
+                        .zip(&outer.buf)
+                        .map(|(a, b)| s * a + (1.0 - s) * ema * b)
+                        .collect(),
+                    None => outer.buf.iter().map(|b| ema * b).collect(),
+                })
+            } else if self.missing_as_zero {
                 let share = arrived as f32 / round_tokens.max(1) as f32;
                 let mut step = avg.unwrap_or_else(|| vec![0.0; theta.len()]);
                 step.iter_mut().for_each(|v| *v *= share);
+                Some(step)
+            } else {
+                avg.map(|mut a: Vec<f32>| {
+                    if scale < 1.0 {
+                        a.iter_mut().for_each(|v| *v *= scale);
+                    }
+                    a
+                })
+            };
+            if let Some(step) = step {
                 outer.step(&mut theta, &step);
-            } else if let Some(avg) = avg {
-                outer.step(&mut theta, &avg);
             }
             for (t, ..) in workers.iter_mut() {
                 t.load_params(&theta)?;
@@ -418,11 +501,15 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     }
     if want("drop") {
         for &d in &a.drop {
-            let how = match (a.carry_dropped, a.missing.as_str()) {
-                (true, _) => " carried",
-                (false, "zero") => " missing=zero",
-                _ => "",
+            let mut how = match (a.carry_dropped, a.missing.as_str()) {
+                (true, _) => " carried".to_string(),
+                (false, "zero") => " missing=zero".to_string(),
+                (false, "ema") => " missing=ema".to_string(),
+                _ => String::new(),
             };
+            if a.partial_shrink != "0" {
+                how += &format!(" shrink={}", a.partial_shrink);
+            }
             p.push(diloco(bk, bh, a.recipe.codec, d, format!(" drop={d}{how}")));
         }
     }
@@ -474,6 +561,8 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.inner.clip_global = a.clip == "global";
     setup.cosine = a.inner_schedule == "cosine";
     setup.missing_as_zero = a.missing == "zero";
+    setup.missing_as_ema = a.missing == "ema";
+    setup.partial_shrink = a.partial_shrink.parse().map_err(anyhow::Error::msg)?;
     setup.inner.final_lr_frac = a.final_lr_frac;
     let runs = plan(&a);
     println!(
