@@ -119,6 +119,23 @@ impl<B: Backend> ModuleVisitor<B> for Namer {
     }
 }
 
+struct Shaper {
+    shapes: Vec<Vec<usize>>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for Shaper {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.shapes.push(param.val().dims().to_vec());
+    }
+}
+
+/// The shape of every float parameter, in field order (the flat vector's segments).
+pub fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
+    let mut s = Shaper { shapes: vec![] };
+    module.visit(&mut s);
+    s.shapes
+}
+
 /// Dotted names and sizes of every float parameter, in field order.
 pub fn param_names<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, usize)> {
     let mut n = Namer {

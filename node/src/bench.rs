@@ -14,7 +14,7 @@ use nightshift_model::{
     Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer,
     eval, flat, noise_ratio, partial_round_scale,
 };
-use nightshift_protocol::{DeltaCodec, delta};
+use nightshift_protocol::{DeltaCodec, delta, lowrank};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -115,6 +115,15 @@ pub struct ConvergenceArgs {
     /// `0` is off (what nodes do).
     #[arg(long, default_value = "0")]
     pub partial_shrink: String,
+    /// Experimental, bench only (nodes cannot send it): each weight matrix of a delta goes as
+    /// rank-R factors (randomized subspace iteration), the factors and every vector through
+    /// `--codec`, with error feedback. 0 is off.
+    #[arg(long, default_value_t = 0)]
+    pub lowrank: usize,
+    /// With `--lowrank`: start each round's factorization from the worker's previous `Q`
+    /// (PowerSGD's warm start, one subspace iteration) instead of a fresh random subspace.
+    #[arg(long)]
+    pub lowrank_warm: bool,
     /// Where the cosine schedule ends, as a fraction of the inner learning rate.
     #[arg(long, default_value_t = 0.1)]
     pub final_lr_frac: f64,
@@ -160,6 +169,8 @@ pub struct Setup {
     outer_lr: f32,
     outer_momentum: f32,
     genesis: Vec<f32>,
+    /// Shape of every parameter tensor, in flat order.
+    shapes: Vec<Vec<usize>>,
     val: Vec<(Vec<i32>, Vec<i32>)>,
     seed: u64,
     /// Carry a dropped contribution into the worker's next delta (see `--carry-dropped`).
@@ -174,6 +185,10 @@ pub struct Setup {
     pub missing_as_ema: bool,
     /// Shrink partial rounds (see `--partial-shrink`).
     pub partial_shrink: Shrink,
+    /// Rank of the experimental low-rank codec (see `--lowrank`); 0 is off.
+    pub lowrank: usize,
+    /// Warm-start the low-rank factorization (see `--lowrank-warm`).
+    pub lowrank_warm: bool,
 }
 
 /// `--partial-shrink`: off, a fixed noise ratio, or one estimated as the run goes.
@@ -213,8 +228,9 @@ impl Setup {
         let cfg = GptConfig::preset(&s.preset, tok.len())
             .with_context(|| format!("unknown preset {:?}", s.preset))?;
         let corpus = Corpus::new(&text, &tok, s.val_permille, cfg.seq_len)?;
-        let genesis =
-            flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&cpu_device()), s.init_seed);
+        let model = cfg.init::<CpuTrain>(&cpu_device());
+        let genesis = flat::genesis_params::<CpuTrain, _>(&model, s.init_seed);
+        let shapes = flat::param_shapes::<CpuTrain, _>(&model);
         let val = corpus.val_batches(s.batch_size as usize, cfg.seq_len, val_batches);
         let inner = InnerConfig {
             lr: s.inner_lr as f64,
@@ -232,6 +248,7 @@ impl Setup {
             outer_lr: s.outer_lr,
             outer_momentum: s.outer_momentum,
             genesis,
+            shapes,
             val,
             seed: s.init_seed,
             carry_dropped: false,
@@ -240,6 +257,8 @@ impl Setup {
             missing_as_zero: false,
             missing_as_ema: false,
             partial_shrink: Shrink::Fixed(0.0),
+            lowrank: 0,
+            lowrank_warm: false,
         })
     }
 
@@ -319,6 +338,50 @@ impl Setup {
         })
     }
 
+    /// The experimental low-rank codec (`--lowrank`): error feedback, then every weight matrix
+    /// as rank-R factors and everything else as is, each piece through `codec`. Returns the
+    /// bytes it would take and what the receivers would decode.
+    fn encode_lowrank(
+        &self,
+        mut d: Vec<f32>,
+        codec: DeltaCodec,
+        ef: &mut ErrorFeedback,
+        seed: u64,
+        warm: &mut Vec<Vec<f32>>,
+    ) -> anyhow::Result<(usize, Vec<f32>)> {
+        ef.compensate(&mut d);
+        let mut sent = Vec::with_capacity(d.len());
+        let mut bytes = 0;
+        let mut through = |v: &[f32]| -> anyhow::Result<Vec<f32>> {
+            let enc = delta::encode(codec, v);
+            bytes += enc.body.len();
+            Ok(delta::decode(&enc, v.len())?)
+        };
+        let mut off = 0;
+        warm.resize(self.shapes.len(), vec![]);
+        for (shape, q_prev) in self.shapes.iter().zip(warm.iter_mut()) {
+            let n: usize = shape.iter().product();
+            let seg = &d[off..off + n];
+            off += n;
+            match shape[..] {
+                [rows, cols] if self.lowrank * (rows + cols) < n => {
+                    let r = self.lowrank.min(rows).min(cols);
+                    let (p, q) = if self.lowrank_warm && q_prev.len() == cols * r {
+                        lowrank::factorize_from(seg, rows, cols, q_prev, r, 1)
+                    } else {
+                        lowrank::factorize(seg, rows, cols, r, seed ^ off as u64)
+                    };
+                    q_prev.clone_from(&q);
+                    let (p, q) = (through(&p)?, through(&q)?);
+                    sent.extend(lowrank::reconstruct(&p, &q, rows, cols, r));
+                }
+                _ => sent.extend(through(seg)?),
+            }
+        }
+        ef.record(&d, &sent);
+        Ok((bytes, sent))
+    }
+
     /// K workers, H inner steps per round, `steps` per worker in all.
     ///
     /// # Errors
@@ -351,6 +414,7 @@ impl Setup {
         let mut theta = self.genesis.clone();
         let mut outer = OuterOptimizer::new(self.outer_lr, self.outer_momentum, theta.len());
         let mut noise: Option<f64> = None;
+        let mut warm: Vec<Vec<Vec<f32>>> = vec![vec![]; k];
         let mut curve = vec![(0, self.val_loss(&mut workers[0].0))];
         let (mut done, mut train_secs, mut bytes, mut sends, mut tokens) =
             (0u32, 0.0, 0u64, 0u64, 0u64);
@@ -364,8 +428,15 @@ impl Setup {
                 train_secs += t0.elapsed().as_secs_f64();
                 tokens += rep.tokens;
                 round_tokens += rep.tokens;
-                let (enc, sent) = encode_delta(&theta, &t.params(), codec, ef)?;
-                bytes += enc.body.len() as u64;
+                let (body, sent) = if self.lowrank > 0 {
+                    let d: Vec<f32> = theta.iter().zip(t.params()).map(|(a, b)| a - b).collect();
+                    let seed = self.seed ^ (done as u64) << 8 ^ i as u64;
+                    self.encode_lowrank(d, codec, ef, seed, &mut warm[i])?
+                } else {
+                    let (enc, sent) = encode_delta(&theta, &t.params(), codec, ef)?;
+                    (enc.body.len(), sent)
+                };
+                bytes += body as u64;
                 sends += 1;
                 if drops.random::<f64>() < drop {
                     if self.carry_dropped {
@@ -483,7 +554,18 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     }
     let diloco = |k: usize, h: u32, codec: DeltaCodec, drop: f64, suffix: String| {
         (
-            format!("diloco k={k} h={h}{suffix}"),
+            format!(
+                "diloco k={k} h={h}{}{suffix}",
+                if a.lowrank > 0 {
+                    format!(
+                        " lowrank:{}{}",
+                        a.lowrank,
+                        if a.lowrank_warm { "w" } else { "" }
+                    )
+                } else {
+                    String::new()
+                }
+            ),
             Kind::Diloco { k, h, codec, drop },
         )
     };
@@ -562,6 +644,8 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.cosine = a.inner_schedule == "cosine";
     setup.missing_as_zero = a.missing == "zero";
     setup.missing_as_ema = a.missing == "ema";
+    setup.lowrank = a.lowrank;
+    setup.lowrank_warm = a.lowrank_warm;
     setup.partial_shrink = a.partial_shrink.parse().map_err(anyhow::Error::msg)?;
     setup.inner.final_lr_frac = a.final_lr_frac;
     let runs = plan(&a);

@@ -12,6 +12,7 @@
 
 pub mod delta;
 pub mod hash;
+pub mod lowrank;
 pub mod manifest;
 pub mod message;
 pub mod signed;
