@@ -807,6 +807,7 @@ mod tests {
         };
         let s = Setup::new(&recipe, 2).unwrap();
         let r = s.run_diloco("d", 2, 5, recipe.codec, 0.0, 20).unwrap();
+        let dense_bytes = r.bytes_per_node_per_round;
         assert_eq!(r.curve.len(), 5);
         assert!(r.final_val_loss < r.curve[0].1 - 0.2, "{:?}", r.curve);
         assert_eq!(r.tokens, 2 * 20 * 8 * 32);
@@ -819,5 +820,30 @@ mod tests {
             .run_diloco("x", 2, 5, recipe.codec, 0.999_999, 10)
             .unwrap();
         assert_eq!(frozen.curve.first().unwrap().1, frozen.final_val_loss);
+
+        // Low-rank deltas (rank 2 of the tiny model's 32-wide matrices) are smaller and still train.
+        let mut s = s;
+        s.lowrank = 2;
+        let low = s.run_diloco("l", 2, 5, recipe.codec, 0.0, 20).unwrap();
+        assert!(low.bytes_per_node_per_round < dense_bytes / 2);
+        assert!(low.final_val_loss < low.curve[0].1 - 0.2, "{:?}", low.curve);
+        // Shrinking short rounds keeps a dropping swarm training.
+        s.lowrank = 0;
+        s.partial_shrink = Shrink::Auto;
+        let shrunk = s.run_diloco("s", 3, 5, recipe.codec, 0.5, 20).unwrap();
+        assert!(
+            shrunk.final_val_loss < shrunk.curve[0].1 - 0.2,
+            "{:?}",
+            shrunk.curve
+        );
+    }
+
+    #[test]
+    fn partial_shrink_flag_parses_numbers_and_auto_only() {
+        assert_eq!("auto".parse::<Shrink>(), Ok(Shrink::Auto));
+        assert_eq!("2".parse::<Shrink>(), Ok(Shrink::Fixed(2.0)));
+        assert!("-1".parse::<Shrink>().is_err());
+        assert!("NaN".parse::<Shrink>().is_err());
+        assert!("lots".parse::<Shrink>().is_err());
     }
 }
