@@ -106,15 +106,15 @@ pub struct ConvergenceArgs {
     /// outer momentum buffer times 1 − momentum), so a short round leans on the direction the
     /// swarm has been moving in; with `--partial-shrink` the share given to the arrivals is the
     /// shrinkage factor instead of the share of tokens that arrived.
-    #[arg(long, default_value = "counted", value_parser = ["counted", "zero", "ema"])]
-    pub missing: String,
+    #[arg(long, value_enum, default_value_t = Missing::Counted)]
+    pub missing: Missing,
     /// Shrink the step of a round that lost contributions: by `(1 + r/K) / (1 + r/n)` for `n` of
     /// `K` contributions arrived (a full round is unchanged), `r` being the noise ratio of one
     /// contribution (spread around the mean over the mean's signal). A number fixes `r`; `auto`
     /// estimates it from the rounds where two or more contributions arrived (a running mean);
     /// `0` is off (what nodes do).
     #[arg(long, default_value = "0")]
-    pub partial_shrink: String,
+    pub partial_shrink: Shrink,
     /// Experimental, bench only (nodes cannot send it): each weight matrix of a delta goes as
     /// rank-R factors (randomized subspace iteration), the factors and every vector through
     /// `--codec`, with error feedback. 0 is off.
@@ -179,16 +179,25 @@ pub struct Setup {
     pub contiguous_shards: bool,
     /// Cosine decay of the inner rate over each run (see `--inner-schedule`).
     pub cosine: bool,
-    /// Missing contributions count as zero deltas (see `--missing`).
-    pub missing_as_zero: bool,
-    /// Missing contributions are imputed from the outer momentum (see `--missing ema`).
-    pub missing_as_ema: bool,
+    /// How a round with missing contributions is averaged (see `--missing`).
+    pub missing: Missing,
     /// Shrink partial rounds (see `--partial-shrink`).
     pub partial_shrink: Shrink,
     /// Rank of the experimental low-rank codec (see `--lowrank`); 0 is off.
     pub lowrank: usize,
     /// Warm-start the low-rank factorization (see `--lowrank-warm`).
     pub lowrank_warm: bool,
+}
+
+/// `--missing`: what stands in for a contribution that did not arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Missing {
+    /// Nothing: the mean of what arrived (what nodes do).
+    Counted,
+    /// A zero delta.
+    Zero,
+    /// The running mean of past steps (outer momentum × (1 − μ)).
+    Ema,
 }
 
 /// `--partial-shrink`: off, a fixed noise ratio, or one estimated as the run goes.
@@ -209,6 +218,15 @@ impl std::str::FromStr for Shrink {
             _ => Err(format!(
                 "--partial-shrink takes a non-negative number or `auto`, not {s:?}"
             )),
+        }
+    }
+}
+
+impl std::fmt::Display for Shrink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Shrink::Fixed(r) => write!(f, "{r}"),
+            Shrink::Auto => f.write_str("auto"),
         }
     }
 }
@@ -254,8 +272,7 @@ impl Setup {
             carry_dropped: false,
             contiguous_shards: true,
             cosine: false,
-            missing_as_zero: false,
-            missing_as_ema: false,
+            missing: Missing::Counted,
             partial_shrink: Shrink::Fixed(0.0),
             lowrank: 0,
             lowrank_warm: false,
@@ -456,27 +473,28 @@ impl Setup {
                 }
             }
             let avg = aggregate(&collected);
-            if collected.len() >= 2 {
-                let deltas: Vec<&[f32]> = collected.values().map(|a| a.delta.as_slice()).collect();
-                if let Some(r) = noise_ratio(&deltas) {
-                    tracing::debug!(
-                        round = done / h.max(1),
-                        arrived = collected.len(),
-                        r,
-                        "noise ratio"
-                    );
-                    noise = Some(noise.map_or(r, |m: f64| 0.7 * m + 0.3 * r));
-                }
-            }
             let r = match self.partial_shrink {
                 Shrink::Fixed(r) => r,
-                Shrink::Auto => noise.unwrap_or(0.0),
+                Shrink::Auto => {
+                    let deltas: Vec<&[f32]> =
+                        collected.values().map(|a| a.delta.as_slice()).collect();
+                    if let Some(r) = noise_ratio(&deltas) {
+                        tracing::debug!(
+                            round = done / h.max(1),
+                            arrived = collected.len(),
+                            r,
+                            "noise ratio"
+                        );
+                        noise = Some(noise.map_or(r, |m: f64| 0.7 * m + 0.3 * r));
+                    }
+                    noise.unwrap_or(0.0)
+                }
             };
             let arrived: u64 = collected.values().map(|a| a.tokens).sum();
             let full = round_tokens as f64 / k as f64;
             let n_eff = arrived as f64 / full.max(1.0);
             let scale = partial_round_scale(r, k as f64, n_eff);
-            let step = if self.missing_as_ema && n_eff < k as f64 {
+            let step = if self.missing == Missing::Ema && n_eff < k as f64 {
                 // s·avg + (1 − s)·(1 − μ)·b, s the arrivals' share (or the shrinkage factor).
                 let s = if r > 0.0 {
                     scale
@@ -492,7 +510,7 @@ impl Setup {
                         .collect(),
                     None => outer.buf.iter().map(|b| ema * b).collect(),
                 })
-            } else if self.missing_as_zero {
+            } else if self.missing == Missing::Zero {
                 let share = arrived as f32 / round_tokens.max(1) as f32;
                 let mut step = avg.unwrap_or_else(|| vec![0.0; theta.len()]);
                 step.iter_mut().for_each(|v| *v *= share);
@@ -583,13 +601,13 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     }
     if want("drop") {
         for &d in &a.drop {
-            let mut how = match (a.carry_dropped, a.missing.as_str()) {
+            let mut how = match (a.carry_dropped, a.missing) {
                 (true, _) => " carried".to_string(),
-                (false, "zero") => " missing=zero".to_string(),
-                (false, "ema") => " missing=ema".to_string(),
-                _ => String::new(),
+                (false, Missing::Zero) => " missing=zero".to_string(),
+                (false, Missing::Ema) => " missing=ema".to_string(),
+                (false, Missing::Counted) => String::new(),
             };
-            if a.partial_shrink != "0" {
+            if a.partial_shrink != Shrink::Fixed(0.0) {
                 how += &format!(" shrink={}", a.partial_shrink);
             }
             p.push(diloco(bk, bh, a.recipe.codec, d, format!(" drop={d}{how}")));
@@ -642,11 +660,10 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.contiguous_shards = a.shards == "contiguous";
     setup.inner.clip_global = a.clip == "global";
     setup.cosine = a.inner_schedule == "cosine";
-    setup.missing_as_zero = a.missing == "zero";
-    setup.missing_as_ema = a.missing == "ema";
+    setup.missing = a.missing;
     setup.lowrank = a.lowrank;
     setup.lowrank_warm = a.lowrank_warm;
-    setup.partial_shrink = a.partial_shrink.parse().map_err(anyhow::Error::msg)?;
+    setup.partial_shrink = a.partial_shrink;
     setup.inner.final_lr_frac = a.final_lr_frac;
     let runs = plan(&a);
     println!(
