@@ -1,7 +1,7 @@
 //! The DiLoCo inner loop: H AdamW steps from θ(t) on the node's own shard.
 
 use burn::grad_clipping::GradientClippingConfig;
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
@@ -29,6 +29,12 @@ pub struct InnerConfig {
     /// down to `lr · final_lr_frac` (held after). 0 keeps the rate constant after the warm-up.
     pub decay_steps: u64,
     pub final_lr_frac: f64,
+    /// Threads one inner step uses: the batch is cut into this many equal parts whose
+    /// gradients are computed in parallel and averaged — the same gradient as the whole batch
+    /// (up to float rounding), so it is a local choice, not part of the swarm's recipe. Capped at
+    /// the largest divisor of the batch size it does not exceed; 1 runs the step on the calling
+    /// thread.
+    pub threads: usize,
 }
 
 impl Default for InnerConfig {
@@ -42,6 +48,7 @@ impl Default for InnerConfig {
             clip_global: true,
             decay_steps: 0,
             final_lr_frac: 0.1,
+            threads: 1,
         }
     }
 }
@@ -49,6 +56,16 @@ impl Default for InnerConfig {
 impl InnerConfig {
     /// The learning rate of inner step `step` (0-based): linear warm-up, then constant or a
     /// cosine decay to `lr · final_lr_frac` at `decay_steps`.
+    /// The number of parts a batch is actually cut into: `threads`, lowered to a divisor of
+    /// the batch size (at least 1).
+    pub fn parts(&self) -> usize {
+        let batch = self.batch_size.max(1);
+        (1..=self.threads.clamp(1, batch))
+            .rev()
+            .find(|p| batch.is_multiple_of(*p))
+            .unwrap_or(1)
+    }
+
     pub fn lr_at(&self, step: u64) -> f64 {
         let w = self.warmup_steps;
         if w > 0 && step < w {
@@ -109,6 +126,86 @@ fn clip_global_norm<B: AutodiffBackend>(
         let factor = (max_norm as f64 / (norm + 1e-6)) as f32;
         model.visit(&mut Scale { grads, factor });
     }
+}
+
+/// A copy of `model` whose parameters are new autodiff leaves (same values, same ids): its
+/// forward pass builds a graph of its own, so several copies can run backward at once (burn keeps
+/// one lock per connected graph, and shared parameter leaves would join the graphs).
+struct FreshLeaves;
+
+impl<B: AutodiffBackend> ModuleMapper<B> for FreshLeaves {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(id, tensor.detach().require_grad(), mapper)
+    }
+}
+
+/// The mean loss and gradient of the batch `x → y` (`parts · b` rows of `seq` tokens), computed
+/// as `parts` equal slices on as many threads and averaged. The loss is a mean over tokens, so
+/// the average of the slices' means is the whole batch's.
+fn parallel_gradients<B: AutodiffBackend>(
+    model: &Gpt<B>,
+    x: &[i32],
+    y: &[i32],
+    parts: usize,
+    seq: usize,
+    device: &B::Device,
+) -> (f64, GradientsParams) {
+    let rows = x.len() / seq / parts;
+    let slice = rows * seq;
+    let one = |i: usize| {
+        let replica = model.clone().map(&mut FreshLeaves);
+        let range = i * slice..(i + 1) * slice;
+        let inputs = Tensor::<B, 2, Int>::from_data(
+            TensorData::new(x[range.clone()].to_vec(), [rows, seq]),
+            device,
+        );
+        let targets =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(y[range].to_vec(), [rows, seq]), device);
+        let loss = replica.loss(inputs, targets);
+        let grads = loss.backward();
+        let loss = loss.into_scalar().to_f64();
+        (loss, GradientsParams::from_grads(grads, &replica))
+    };
+    let results: Vec<(f64, GradientsParams)> = std::thread::scope(|scope| {
+        let one = &one;
+        let handles: Vec<_> = (1..parts).map(|i| scope.spawn(move || one(i))).collect();
+        let mut all = vec![one(0)];
+        // A panic in a part is a bug in the model code: surface it as on one thread.
+        all.extend(
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))),
+        );
+        all
+    });
+    let loss = results.iter().map(|(l, _)| l).sum::<f64>() / parts as f64;
+    let mut parts_grads: Vec<GradientsParams> = results.into_iter().map(|(_, g)| g).collect();
+    let mut total = parts_grads.remove(0);
+    struct Average<'a> {
+        total: &'a mut GradientsParams,
+        rest: &'a mut [GradientsParams],
+        scale: f32,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Average<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let Some(mut g) = self.total.remove::<B::InnerBackend, D>(param.id) else {
+                return;
+            };
+            for other in self.rest.iter_mut() {
+                if let Some(o) = other.remove::<B::InnerBackend, D>(param.id) {
+                    g = g + o;
+                }
+            }
+            self.total.register(param.id, g.mul_scalar(self.scale));
+        }
+    }
+    model.visit(&mut Average {
+        total: &mut total,
+        rest: &mut parts_grads,
+        scale: 1.0 / parts as f32,
+    });
+    (loss, total)
 }
 
 /// A model, its AdamW state and its step counter. The optimizer state survives parameter loads.
@@ -287,6 +384,7 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
     ) -> InnerReport {
         let seq = self.model().seq_len();
         let batch = self.cfg.batch_size;
+        let parts = self.cfg.parts();
         let mut report = InnerReport::default();
         let mut loss_sum = 0.0f64;
         for _ in 0..steps {
@@ -295,15 +393,20 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
                 break;
             }
             let (x, y) = corpus.sample_batch(shard, rng, batch, seq);
-            let inputs =
-                Tensor::<B, 2, Int>::from_data(TensorData::new(x, [batch, seq]), &self.device);
-            let targets =
-                Tensor::<B, 2, Int>::from_data(TensorData::new(y, [batch, seq]), &self.device);
             let model = self.model.take().expect("model present between steps");
-            let loss = model.loss(inputs, targets);
-            let grads = loss.backward();
-            loss_sum += loss.into_scalar().to_f64();
-            let mut grads = GradientsParams::from_grads(grads, &model);
+            let (loss, mut grads) = if parts <= 1 {
+                let inputs =
+                    Tensor::<B, 2, Int>::from_data(TensorData::new(x, [batch, seq]), &self.device);
+                let targets =
+                    Tensor::<B, 2, Int>::from_data(TensorData::new(y, [batch, seq]), &self.device);
+                let loss = model.loss(inputs, targets);
+                let grads = loss.backward();
+                let loss = loss.into_scalar().to_f64();
+                (loss, GradientsParams::from_grads(grads, &model))
+            } else {
+                parallel_gradients(&model, &x, &y, parts, seq, &self.device)
+            };
+            loss_sum += loss;
             if self.cfg.clip_global && self.cfg.grad_clip > 0.0 {
                 clip_global_norm(&model, &mut grads, self.cfg.grad_clip);
             }
@@ -365,6 +468,64 @@ mod tests {
         t.load_params(&init).unwrap();
         assert_eq!(t.params(), init);
         assert!(t.load_params(&init[1..]).is_err());
+    }
+
+    #[test]
+    fn a_batch_split_over_threads_takes_the_same_steps() {
+        let dev = cpu_device();
+        let text = &EMBEDDED_CORPUS[..100_000];
+        let tok = Tokenizer::from_corpus(text);
+        let corpus = Corpus::new(text, &tok, 100, 32).unwrap();
+        let cfg = GptConfig::preset("tiny", tok.len()).unwrap();
+        let init = flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&dev), 3);
+        let run = |threads: usize| {
+            let inner = InnerConfig {
+                lr: 3e-3,
+                warmup_steps: 2,
+                batch_size: 8,
+                threads,
+                ..Default::default()
+            };
+            let mut t = InnerTrainer::<CpuTrain>::new(&cfg, inner, &init, &dev).unwrap();
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+            let r = t.train(&corpus, &corpus.full_shard(), &mut rng, 4, &|| false);
+            (r, t.params())
+        };
+        let (one, p1) = run(1);
+        let (four, p4) = run(4);
+        assert_eq!(one.tokens, four.tokens, "every row of the batch is trained");
+        assert!((one.mean_loss - four.mean_loss).abs() < 1e-4);
+        // Same data, same gradient up to summation order: AdamW's first steps move every
+        // parameter by about the learning rate, so a different gradient would show at 1e-3.
+        let moved = p1
+            .iter()
+            .zip(&init)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let apart = p1
+            .iter()
+            .zip(&p4)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(moved > 1e-3, "training moved the parameters ({moved})");
+        assert!(apart < 2e-4, "one thread and four differ by {apart}");
+    }
+
+    #[test]
+    fn threads_are_lowered_to_a_divisor_of_the_batch() {
+        let c = |batch_size, threads| InnerConfig {
+            batch_size,
+            threads,
+            ..Default::default()
+        };
+        assert_eq!(c(16, 1).parts(), 1);
+        assert_eq!(c(16, 0).parts(), 1);
+        assert_eq!(c(16, 2).parts(), 2);
+        assert_eq!(c(16, 3).parts(), 2);
+        assert_eq!(c(16, 6).parts(), 4);
+        assert_eq!(c(12, 5).parts(), 4);
+        assert_eq!(c(7, 4).parts(), 1);
+        assert_eq!(c(4, 32).parts(), 4);
     }
 
     #[test]

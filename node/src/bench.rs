@@ -89,6 +89,10 @@ pub struct ConvergenceArgs {
     /// `clip_grad_norm_`) or `tensor` (each parameter tensor on its own: burn's clipping).
     #[arg(long, default_value = "global", value_parser = ["global", "tensor"])]
     pub clip: String,
+    /// Threads per inner step: each batch is cut into this many equal parts trained in
+    /// parallel (the same gradient, up to float rounding). Workers still run one after another.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub threads: u32,
     /// What each DiLoCo worker samples from: `contiguous` (worker i of K gets the i-th
     /// contiguous K-th of the text, as `demo` assigns them) or `whole` (the whole training
     /// split, each worker with its own random stream: what a node does unless given `--shard`).
@@ -659,6 +663,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.carry_dropped = a.carry_dropped;
     setup.contiguous_shards = a.shards == "contiguous";
     setup.inner.clip_global = a.clip == "global";
+    setup.inner.threads = a.threads as usize;
     setup.cosine = a.inner_schedule == "cosine";
     setup.missing = a.missing;
     setup.lowrank = a.lowrank;

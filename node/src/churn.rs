@@ -48,7 +48,7 @@ pub struct ChurnArgs {
     /// Target validation loss; default: the best `stable-half` reached.
     #[arg(long)]
     pub target_loss: Option<f32>,
-    /// Threads of each node process (RAYON_NUM_THREADS).
+    /// Threads of each node process (its `--threads` and RAYON_NUM_THREADS).
     #[arg(long, default_value_t = 1)]
     pub threads_per_node: usize,
     /// Which swarms to run, comma-separated: stable-half, churn, stable-full.
@@ -333,6 +333,8 @@ async fn run_plan(
             plan.windows[i].clone(),
             "--idle-after".into(),
             "0".into(),
+            "--threads".into(),
+            args.threads_per_node.to_string(),
         ]);
         a
     };

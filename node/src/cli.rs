@@ -196,6 +196,11 @@ pub struct RunArgs {
     /// Loopback address of the control endpoint (`nightshift pause/resume/status`).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub control: std::net::SocketAddr,
+    /// Threads of each inner step on the CPU: the batch is split over them (the same gradient,
+    /// computed in parallel). Default: this machine's cores; nodes that share a machine should
+    /// each get their share. Ignored on a GPU.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub threads: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -429,6 +434,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         shutdown: shutdown_signal(),
         idle: Some(idle),
         control_info: Some(info),
+        threads: a.threads.map_or_else(crate::demo::cores, |t| t as usize),
     })
     .await
 }

@@ -117,6 +117,11 @@ pub(crate) async fn start_bootstrap(
     }
 }
 
+/// This machine's cores (1 when unknown).
+pub(crate) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// The arguments of `nightshift run` for local node `i` of a swarm kept in `dir`: its key
 /// `node<i>.key.json`, store `node<i>/` and events `node<i>.events.jsonl` there, on 127.0.0.1.
 pub(crate) fn local_node_args(dir: &Path, mpath: &Path, boot_addr: &str, i: usize) -> Vec<String> {
@@ -335,9 +340,12 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
             format!("{i}/{}", args.nodes),
             "--min-peers".into(),
             (args.nodes - 1).to_string(),
-            // The demo's nodes share this machine: each would see the others' load as busy.
+            // The demo's nodes share this machine: each would see the others' load as busy,
+            // and each gets its share of the cores.
             "--idle".into(),
             "always".into(),
+            "--threads".into(),
+            (cores() / args.nodes).max(1).to_string(),
         ]);
         if let Some(d) = &args.swarm.data {
             a.extend(["--data".into(), s(d)]);

@@ -88,6 +88,8 @@ pub struct TrainerOptions {
     pub idle: Option<watch::Receiver<Availability>>,
     /// Owner-facing status shared with the control endpoint (`nightshift status`).
     pub control_info: Option<Arc<RwLock<serde_json::Value>>>,
+    /// Threads of each inner step on the CPU (see [`InnerConfig::threads`]).
+    pub threads: usize,
 }
 
 /// Runs a trainer until it has done `rounds` or is shut down. Picks CUDA when built with the
@@ -100,6 +102,8 @@ pub async fn run_trainer(opts: TrainerOptions) -> anyhow::Result<()> {
     {
         if nightshift_model::backend::cuda_available() {
             info!("using the CUDA backend");
+            // The GPU runs the whole batch at once; splitting it over CPU threads buys nothing.
+            let opts = TrainerOptions { threads: 1, ..opts };
             return Driver::<nightshift_model::backend::CudaTrain>::start(opts, Default::default())
                 .await;
         }
@@ -273,6 +277,7 @@ impl<B: AutodiffBackend> Driver<B> {
             weight_decay: m.training.weight_decay,
             grad_clip: m.training.grad_clip,
             clip_global: true,
+            threads: opts.threads,
             ..InnerConfig::default()
         };
         let trainer = InnerTrainer::<B>::new(&cfg, inner, &state.params, &device)?;
