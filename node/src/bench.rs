@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use crate::cli::SwarmFlags;
 use crate::plot::{Series, line_chart};
-use crate::round::accept::{Accepted, aggregate, encode_delta};
+use crate::round::accept::{Accepted, Late, aggregate, encode_delta, merge_late};
 
 /// `nightshift bench ...`
 #[derive(Subcommand, Debug)]
@@ -85,6 +85,12 @@ pub struct ConvergenceArgs {
     /// not do it; kept to measure it again.
     #[arg(long)]
     pub carry_dropped: bool,
+    /// Send a dropped contribution again with the worker's next one, as a late arrival: the
+    /// token-weighted mean of both deltas with their tokens summed, so the round averages it as
+    /// two contributions. At most one round late: if the merged one is dropped too, only the
+    /// newer delta waits. Measured worse than losing it (BENCHMARKS.md); nodes do not resend.
+    #[arg(long, conflicts_with = "carry_dropped")]
+    pub resend_dropped: bool,
     /// Gradient clipping: `global` (one norm over all gradients, as the nodes do and PyTorch's
     /// `clip_grad_norm_`) or `tensor` (each parameter tensor on its own: burn's clipping).
     #[arg(long, default_value = "global", value_parser = ["global", "tensor"])]
@@ -179,6 +185,8 @@ pub struct Setup {
     seed: u64,
     /// Carry a dropped contribution into the worker's next delta (see `--carry-dropped`).
     pub carry_dropped: bool,
+    /// Resend a dropped contribution with the next one (see `--resend-dropped`).
+    pub resend_dropped: bool,
     /// DiLoCo workers sample contiguous shards rather than the whole split (see `--shards`).
     pub contiguous_shards: bool,
     /// Cosine decay of the inner rate over each run (see `--inner-schedule`).
@@ -274,6 +282,7 @@ impl Setup {
             val,
             seed: s.init_seed,
             carry_dropped: false,
+            resend_dropped: false,
             contiguous_shards: true,
             cosine: false,
             missing: Missing::Counted,
@@ -436,6 +445,8 @@ impl Setup {
         let mut outer = OuterOptimizer::new(self.outer_lr, self.outer_momentum, theta.len());
         let mut noise: Option<f64> = None;
         let mut warm: Vec<Vec<Vec<f32>>> = vec![vec![]; k];
+        // A dropped contribution waiting to be resent with the worker's next one.
+        let mut pending: Vec<Option<Late>> = vec![None; k];
         let mut curve = vec![(0, self.val_loss(&mut workers[0].0))];
         let (mut done, mut train_secs, mut bytes, mut sends, mut tokens) =
             (0u32, 0.0, 0u64, 0u64, 0u64);
@@ -449,12 +460,17 @@ impl Setup {
                 train_secs += t0.elapsed().as_secs_f64();
                 tokens += rep.tokens;
                 round_tokens += rep.tokens;
+                let mut local = t.params();
+                let mut weight = rep.tokens;
+                if let Some(late) = pending[i].take() {
+                    weight = merge_late(&theta, &mut local, rep.tokens, &late);
+                }
                 let (body, sent) = if self.lowrank > 0 {
-                    let d: Vec<f32> = theta.iter().zip(t.params()).map(|(a, b)| a - b).collect();
+                    let d: Vec<f32> = theta.iter().zip(&local).map(|(a, b)| a - b).collect();
                     let seed = self.seed ^ (done as u64) << 8 ^ i as u64;
                     self.encode_lowrank(d, codec, ef, seed, &mut warm[i])?
                 } else {
-                    let (enc, sent) = encode_delta(&theta, &t.params(), codec, ef)?;
+                    let (enc, sent) = encode_delta(&theta, &local, codec, ef)?;
                     (enc.body.len(), sent)
                 };
                 bytes += body as u64;
@@ -463,13 +479,25 @@ impl Setup {
                     if self.carry_dropped {
                         ef.carry(&sent);
                     }
+                    if self.resend_dropped {
+                        // At most one round late: only this round's own delta waits.
+                        let own = if weight == rep.tokens {
+                            sent
+                        } else {
+                            theta.iter().zip(t.params()).map(|(a, b)| a - b).collect()
+                        };
+                        pending[i] = Some(Late {
+                            delta: own,
+                            tokens: rep.tokens,
+                        });
+                    }
                 } else {
                     let sender = [i as u8; 32];
                     collected.insert(
                         sender,
                         Accepted {
                             sender,
-                            tokens: rep.tokens,
+                            tokens: weight,
                             train_loss: rep.mean_loss,
                             delta: sent,
                         },
@@ -607,6 +635,7 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
         for &d in &a.drop {
             let mut how = match (a.carry_dropped, a.missing) {
                 (true, _) => " carried".to_string(),
+                _ if a.resend_dropped => " resent".to_string(),
                 (false, Missing::Zero) => " missing=zero".to_string(),
                 (false, Missing::Ema) => " missing=ema".to_string(),
                 (false, Missing::Counted) => String::new(),
@@ -661,6 +690,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     }
     let mut setup = Setup::new(&a.recipe, a.val_batches)?;
     setup.carry_dropped = a.carry_dropped;
+    setup.resend_dropped = a.resend_dropped;
     setup.contiguous_shards = a.shards == "contiguous";
     setup.inner.clip_global = a.clip == "global";
     setup.inner.threads = a.threads as usize;
@@ -857,6 +887,20 @@ mod tests {
             shrunk.final_val_loss < shrunk.curve[0].1 - 0.2,
             "{:?}",
             shrunk.curve
+        );
+        // Resending dropped contributions with the next ones trains too, on other steps.
+        s.partial_shrink = Shrink::Fixed(0.0);
+        let dropped = s.run_diloco("d", 3, 5, recipe.codec, 0.5, 20).unwrap();
+        s.resend_dropped = true;
+        let resent = s.run_diloco("r", 3, 5, recipe.codec, 0.5, 20).unwrap();
+        assert!(
+            resent.final_val_loss < resent.curve[0].1 - 0.2,
+            "{:?}",
+            resent.curve
+        );
+        assert_ne!(
+            resent.curve, dropped.curve,
+            "the resent work changed nothing"
         );
     }
 

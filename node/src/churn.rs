@@ -13,8 +13,11 @@
 //! lost (a restarted node resuming from an older round than it had completed), hash agreement,
 //! join time, yield latency p50/p99, recovery time after SIGKILL.
 //!
-//! Every node runs with `RAYON_NUM_THREADS=--threads-per-node`, so that N/2 always-on nodes
-//! and N half-time nodes use the same core-seconds when the machine has N/2 · threads cores.
+//! Every node runs with `--threads` and `RAYON_NUM_THREADS` set to `--threads-per-node`
+//! (default: this machine's cores, as `nightshift run` does). With every node allowed the whole
+//! machine, a churning node whose window is the only one open trains on all cores, as the
+//! stable nodes together do: the churning pool never gets more compute than the stable pool
+//! (on one machine it gets less while every window is closed), as on separate machines.
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -29,6 +32,15 @@ use crate::cli::SwarmFlags;
 use crate::demo::{local_node_args, start_bootstrap, tempfile_dir};
 use crate::events::{NodeEvent, read_timed_events};
 use crate::plot::{Series, line_chart};
+
+impl ChurnArgs {
+    /// Threads of each node process: `--threads-per-node`, else this machine's cores.
+    fn threads(&self) -> usize {
+        self.threads_per_node
+            .unwrap_or_else(crate::demo::cores)
+            .max(1)
+    }
+}
 
 /// Flags of `nightshift bench churn`. The recipe flags are those of `swarm init`.
 #[derive(Args, Debug)]
@@ -48,9 +60,10 @@ pub struct ChurnArgs {
     /// Target validation loss; default: the best `stable-half` reached.
     #[arg(long)]
     pub target_loss: Option<f32>,
-    /// Threads of each node process (its `--threads` and RAYON_NUM_THREADS).
-    #[arg(long, default_value_t = 1)]
-    pub threads_per_node: usize,
+    /// Threads of each node process (its `--threads` and RAYON_NUM_THREADS); default: this
+    /// machine's cores.
+    #[arg(long)]
+    pub threads_per_node: Option<usize>,
     /// Which swarms to run, comma-separated: stable-half, churn, stable-full.
     #[arg(long, default_value = "stable-half,churn,stable-full")]
     pub runs: String,
@@ -334,11 +347,11 @@ async fn run_plan(
             "--idle-after".into(),
             "0".into(),
             "--threads".into(),
-            args.threads_per_node.to_string(),
+            args.threads().to_string(),
         ]);
         a
     };
-    let threads = args.threads_per_node.to_string();
+    let threads = args.threads().to_string();
     let start_node = |i: usize, tag: &str| -> anyhow::Result<Child> {
         let mut c = tokio::process::Command::new(std::env::current_exe()?);
         let log = std::fs::File::create(dir.join(format!("node{i}{tag}.log")))?;
@@ -527,7 +540,7 @@ pub async fn run_churn(args: ChurnArgs) -> anyhow::Result<Vec<ChurnRun>> {
         args.swarm.preset,
         args.swarm.inner_steps,
         args.swarm.codec,
-        args.threads_per_node,
+        args.threads(),
         args.duty * 100.0,
         args.period_secs,
         dir.display()

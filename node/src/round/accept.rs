@@ -106,6 +106,37 @@ pub fn encode_delta(
     Ok((enc, sent))
 }
 
+/// A contribution that a round did not count (it arrived too late or was lost): its decoded
+/// delta and tokens, to be sent again with the worker's next contribution. Only `bench
+/// convergence --resend-dropped` does this: the stale work made the final loss worse than losing
+/// it (BENCHMARKS.md), so nodes do not resend, and peers refuse a contribution that claims more
+/// than one round's tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Late {
+    pub delta: Vec<f32>,
+    pub tokens: u64,
+}
+
+/// Folds a late contribution into this round's: moves `local` so that `base − local` becomes the
+/// token-weighted mean of the late delta and this round's own, and returns the tokens of both.
+/// Averaged with weight = those tokens, the merged contribution counts exactly as the two would
+/// have counted apart (Σ wᵢΔᵢ / Σ wᵢ is unchanged by merging two terms into their weighted mean).
+pub fn merge_late(base: &[f32], local: &mut [f32], tokens: u64, late: &Late) -> u64 {
+    let total = tokens + late.tokens;
+    if late.delta.len() != local.len() || total == 0 {
+        return tokens;
+    }
+    let (w_late, w_own) = (
+        late.tokens as f64 / total as f64,
+        tokens as f64 / total as f64,
+    );
+    for ((l, b), d) in local.iter_mut().zip(base).zip(&late.delta) {
+        let own = (*b - *l) as f64;
+        *l = (*b as f64 - (w_late * *d as f64 + w_own * own)) as f32;
+    }
+    total
+}
+
 /// The token-weighted mean of the accepted deltas, in sender order (the same on every node).
 pub fn aggregate(accepted: &BTreeMap<[u8; 32], Accepted>) -> Option<Vec<f32>> {
     let parts: Vec<WeightedDelta<'_>> = accepted
@@ -189,6 +220,51 @@ mod tests {
             delta::encode(DeltaCodec::Fp32, &d),
             tokens,
         )
+    }
+
+    #[test]
+    fn a_late_contribution_merged_into_the_next_averages_as_if_both_had_arrived() {
+        let base = vec![1.0f32, -2.0, 0.5];
+        let late = Late {
+            delta: vec![0.3, 0.0, -0.1],
+            tokens: 1000,
+        };
+        let own = [0.1f32, 0.2, 0.0];
+        let mut local: Vec<f32> = base.iter().zip(&own).map(|(b, d)| b - d).collect();
+        let tokens = merge_late(&base, &mut local, 500, &late);
+        assert_eq!(tokens, 1500);
+        let other = [0.0f32, 0.6, 0.3];
+        let merged: Vec<f32> = base.iter().zip(&local).map(|(b, l)| b - l).collect();
+        let mut together = BTreeMap::new();
+        let mut apart = BTreeMap::new();
+        let mut put = |m: &mut BTreeMap<[u8; 32], Accepted>, i: u8, d: &[f32], tokens| {
+            m.insert(
+                [i; 32],
+                Accepted {
+                    sender: [i; 32],
+                    tokens,
+                    train_loss: 0.0,
+                    delta: d.to_vec(),
+                },
+            );
+        };
+        put(&mut together, 1, &merged, tokens);
+        put(&mut together, 2, &other, 2000);
+        put(&mut apart, 1, &late.delta, 1000);
+        put(&mut apart, 3, &own, 500);
+        put(&mut apart, 2, &other, 2000);
+        let (a, b) = (aggregate(&together).unwrap(), aggregate(&apart).unwrap());
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() < 1e-6, "{a:?} vs {b:?}");
+        }
+        // A late delta of the wrong length (another model) is ignored.
+        let mut l2 = local.clone();
+        let short = Late {
+            delta: vec![1.0],
+            tokens: 9,
+        };
+        assert_eq!(merge_late(&base, &mut l2, 500, &short), 500);
+        assert_eq!(l2, local);
     }
 
     #[test]
