@@ -54,8 +54,6 @@ impl Default for InnerConfig {
 }
 
 impl InnerConfig {
-    /// The learning rate of inner step `step` (0-based): linear warm-up, then constant or a
-    /// cosine decay to `lr · final_lr_frac` at `decay_steps`.
     /// The number of parts a batch is actually cut into: `threads`, lowered to a divisor of
     /// the batch size (at least 1).
     pub fn parts(&self) -> usize {
@@ -66,6 +64,8 @@ impl InnerConfig {
             .unwrap_or(1)
     }
 
+    /// The learning rate of inner step `step` (0-based): linear warm-up, then constant or a
+    /// cosine decay to `lr · final_lr_frac` at `decay_steps`.
     pub fn lr_at(&self, step: u64) -> f64 {
         let w = self.warmup_steps;
         if w > 0 && step < w {

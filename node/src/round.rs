@@ -596,6 +596,11 @@ impl<B: AutodiffBackend> Driver<B> {
             for ev in self.drain_events_now() {
                 self.on_event(ev, None).await;
             }
+            // A window that closes while we wait for lagging peers ends the wait: the owner gets
+            // the machine back now, not after the slowest peer (the round loop yields next).
+            if !self.available() {
+                break;
+            }
             self.refresh_statuses().await;
             let r = self.state.round;
             let lagging = self
@@ -605,7 +610,8 @@ impl<B: AutodiffBackend> Driver<B> {
                     s.round < r && matches!(s.phase, Phase::Training | Phase::Collecting)
                 })
                 .count();
-            if lagging == 0 || Instant::now() >= until || self.shutting_down() {
+            if lagging == 0 || Instant::now() >= until || self.shutting_down() || !self.available()
+            {
                 break;
             }
             self.next_event_within(Duration::from_millis(200)).await;

@@ -237,7 +237,7 @@ mod tests {
         let merged: Vec<f32> = base.iter().zip(&local).map(|(b, l)| b - l).collect();
         let mut together = BTreeMap::new();
         let mut apart = BTreeMap::new();
-        let mut put = |m: &mut BTreeMap<[u8; 32], Accepted>, i: u8, d: &[f32], tokens| {
+        let put = |m: &mut BTreeMap<[u8; 32], Accepted>, i: u8, d: &[f32], tokens| {
             m.insert(
                 [i; 32],
                 Accepted {
