@@ -439,14 +439,21 @@ mod tests {
     use crate::eval::val_loss;
     use rand::SeedableRng;
 
-    #[test]
-    fn a_few_inner_steps_lower_the_validation_loss() {
+    /// The tiny model on the first `chars` characters of the embedded corpus (seq 32), and its
+    /// genesis parameters.
+    fn tiny(chars: usize) -> (burn::backend::flex::FlexDevice, Corpus, GptConfig, Vec<f32>) {
         let dev = cpu_device();
-        let text = &EMBEDDED_CORPUS[..200_000];
+        let text = &EMBEDDED_CORPUS[..chars];
         let tok = Tokenizer::from_corpus(text);
         let corpus = Corpus::new(text, &tok, 100, 32).unwrap();
         let cfg = GptConfig::preset("tiny", tok.len()).unwrap();
         let init = flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&dev), 3);
+        (dev, corpus, cfg, init)
+    }
+
+    #[test]
+    fn a_few_inner_steps_lower_the_validation_loss() {
+        let (dev, corpus, cfg, init) = tiny(200_000);
         let inner = InnerConfig {
             lr: 3e-3,
             warmup_steps: 5,
@@ -472,12 +479,7 @@ mod tests {
 
     #[test]
     fn a_batch_split_over_threads_takes_the_same_steps() {
-        let dev = cpu_device();
-        let text = &EMBEDDED_CORPUS[..100_000];
-        let tok = Tokenizer::from_corpus(text);
-        let corpus = Corpus::new(text, &tok, 100, 32).unwrap();
-        let cfg = GptConfig::preset("tiny", tok.len()).unwrap();
-        let init = flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&dev), 3);
+        let (dev, corpus, cfg, init) = tiny(100_000);
         let run = |threads: usize| {
             let inner = InnerConfig {
                 lr: 3e-3,
@@ -565,12 +567,7 @@ mod tests {
 
     #[test]
     fn training_stops_at_the_next_step_when_asked() {
-        let dev = cpu_device();
-        let text = &EMBEDDED_CORPUS[..50_000];
-        let tok = Tokenizer::from_corpus(text);
-        let corpus = Corpus::new(text, &tok, 100, 32).unwrap();
-        let cfg = GptConfig::preset("tiny", tok.len()).unwrap();
-        let init = flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&dev), 3);
+        let (dev, corpus, cfg, init) = tiny(50_000);
         let mut t =
             InnerTrainer::<CpuTrain>::new(&cfg, InnerConfig::default(), &init, &dev).unwrap();
         let calls = std::cell::Cell::new(0);
@@ -585,12 +582,7 @@ mod tests {
 
     #[test]
     fn suspending_frees_the_device_and_loses_nothing() {
-        let dev = cpu_device();
-        let text = &EMBEDDED_CORPUS[..50_000];
-        let tok = Tokenizer::from_corpus(text);
-        let corpus = Corpus::new(text, &tok, 100, 32).unwrap();
-        let cfg = GptConfig::preset("tiny", tok.len()).unwrap();
-        let init = flat::genesis_params::<CpuTrain, _>(&cfg.init::<CpuTrain>(&dev), 3);
+        let (dev, corpus, cfg, init) = tiny(50_000);
         let inner = InnerConfig {
             batch_size: 4,
             ..Default::default()
