@@ -222,6 +222,8 @@ pub struct InnerTrainer<B: AutodiffBackend> {
     device: B::Device,
     /// Host copy while suspended.
     suspended: Option<Suspended>,
+    /// Parameter shapes in flat order (what a low-rank codec needs to find the matrices).
+    shapes: Vec<Vec<usize>>,
 }
 
 type Recorder = BinBytesRecorder<FullPrecisionSettings>;
@@ -255,6 +257,7 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
     ) -> Result<Self, LengthMismatch> {
         let model = flat::unflatten(model_cfg.init::<B>(device), params, device)?;
         Ok(InnerTrainer {
+            shapes: flat::param_shapes(&model),
             model: Some(model),
             optim: fresh_adamw(&cfg),
             cfg,
@@ -320,6 +323,11 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
             Err(_) => fresh_adamw(&self.cfg),
         };
         self.model = Some(model);
+    }
+
+    /// The shape of every parameter tensor, in the flat vector's order.
+    pub fn param_shapes(&self) -> &[Vec<usize>] {
+        &self.shapes
     }
 
     /// Number of parameters.

@@ -98,6 +98,9 @@ impl OuterOptimizer {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ErrorFeedback {
     pub residual: Vec<f32>,
+    /// The low-rank codec's memory of each weight matrix's last subspace (PowerSGD's warm
+    /// start; `nightshift_protocol::delta::encode_shaped`). Sender-side only, like the residual.
+    pub subspaces: Vec<Vec<f32>>,
 }
 
 impl ErrorFeedback {

@@ -60,7 +60,7 @@ pub struct ConvergenceArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "fp32,fp16,int8:64,int4:64,topk:10,topk:30"
+        default_value = "fp32,fp16,int8:64,int4:64,topk:10,topk:30,lowrank:20:256"
     )]
     pub codecs: Vec<DeltaCodec>,
     /// Probabilities of dropping each contribution.
@@ -91,6 +91,10 @@ pub struct ConvergenceArgs {
     /// newer delta waits. Measured worse than losing it (BENCHMARKS.md); nodes do not resend.
     #[arg(long, conflicts_with = "carry_dropped")]
     pub resend_dropped: bool,
+    /// Lossy codecs without error feedback: what a delta's encoding could not carry is
+    /// dropped instead of added to the next delta (nodes always feed it back).
+    #[arg(long)]
+    pub no_feedback: bool,
     /// Gradient clipping: `global` (one norm over all gradients, as the nodes do and PyTorch's
     /// `clip_grad_norm_`) or `tensor` (each parameter tensor on its own: burn's clipping).
     #[arg(long, default_value = "global", value_parser = ["global", "tensor"])]
@@ -187,6 +191,8 @@ pub struct Setup {
     pub carry_dropped: bool,
     /// Resend a dropped contribution with the next one (see `--resend-dropped`).
     pub resend_dropped: bool,
+    /// Drop what a lossy codec could not carry (see `--no-feedback`).
+    pub no_feedback: bool,
     /// DiLoCo workers sample contiguous shards rather than the whole split (see `--shards`).
     pub contiguous_shards: bool,
     /// Cosine decay of the inner rate over each run (see `--inner-schedule`).
@@ -283,6 +289,7 @@ impl Setup {
             seed: s.init_seed,
             carry_dropped: false,
             resend_dropped: false,
+            no_feedback: false,
             contiguous_shards: true,
             cosine: false,
             missing: Missing::Counted,
@@ -470,9 +477,12 @@ impl Setup {
                     let seed = self.seed ^ (done as u64) << 8 ^ i as u64;
                     self.encode_lowrank(d, codec, ef, seed, &mut warm[i])?
                 } else {
-                    let (enc, sent) = encode_delta(&theta, &local, codec, ef)?;
+                    let (enc, sent) = encode_delta(&theta, &local, codec, &self.shapes, ef)?;
                     (enc.body.len(), sent)
                 };
+                if self.no_feedback {
+                    ef.residual.clear();
+                }
                 bytes += body as u64;
                 sends += 1;
                 if drops.random::<f64>() < drop {
@@ -627,8 +637,9 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
         }
     }
     if want("codecs") {
+        let nf = if a.no_feedback { " no-feedback" } else { "" };
         for &c in &a.codecs {
-            p.push(diloco(bk, bh, c, 0.0, format!(" {c}")));
+            p.push(diloco(bk, bh, c, 0.0, format!(" {c}{nf}")));
         }
     }
     if want("drop") {
@@ -691,6 +702,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     let mut setup = Setup::new(&a.recipe, a.val_batches)?;
     setup.carry_dropped = a.carry_dropped;
     setup.resend_dropped = a.resend_dropped;
+    setup.no_feedback = a.no_feedback;
     setup.contiguous_shards = a.shards == "contiguous";
     setup.inner.clip_global = a.clip == "global";
     setup.inner.threads = a.threads as usize;
@@ -824,7 +836,7 @@ mod tests {
                     .zip(grad(&theta_dl, i as f32))
                     .map(|(t, g)| t - lr * g)
                     .collect();
-                let (_, sent) = encode_delta(&theta_dl, &local, DeltaCodec::Fp32, ef).unwrap();
+                let (_, sent) = encode_delta(&theta_dl, &local, DeltaCodec::Fp32, &[], ef).unwrap();
                 collected.insert(
                     [i as u8; 32],
                     Accepted {

@@ -71,7 +71,8 @@ pub struct SwarmFlags {
     /// H: inner steps per round.
     #[arg(long, default_value_t = 50)]
     pub inner_steps: u32,
-    /// Pseudo-gradient codec: fp32, fp16, int8[:block], int4[:block], topk[:permille].
+    /// Pseudo-gradient codec: fp32, fp16, int8[:block], int4[:block], topk[:permille] or
+    /// lowrank[:rank[:block]] (weight matrices as rank-r factors in int4: BENCHMARKS.md).
     #[arg(long, default_value = "int4:64")]
     pub codec: DeltaCodec,
     #[arg(long, default_value_t = 16)]

@@ -184,6 +184,8 @@ struct Driver<B: AutodiffBackend> {
     rounds: Option<u64>,
     min_peers: usize,
     num_params: usize,
+    /// Parameter shapes in flat order (the low-rank codec finds the matrices with them).
+    shapes: Arc<Vec<Vec<usize>>>,
     // Idle windows.
     idle: Option<watch::Receiver<Availability>>,
     avail: Arc<AtomicBool>,
@@ -343,6 +345,7 @@ impl<B: AutodiffBackend> Driver<B> {
             val_loss,
             resumed,
         });
+        let shapes = Arc::new(compute.trainer.param_shapes().to_vec());
         let driver = Driver {
             net,
             events,
@@ -367,6 +370,7 @@ impl<B: AutodiffBackend> Driver<B> {
             rounds: opts.rounds,
             min_peers: opts.min_peers,
             num_params,
+            shapes,
             idle: opts.idle,
             avail,
             closing,
@@ -743,6 +747,7 @@ impl<B: AutodiffBackend> Driver<B> {
             base_hash,
             allowlist: allow,
             num_params: self.num_params,
+            shapes: &self.shapes,
             max_tokens,
         };
         match accept(&ctx, &env) {
@@ -947,8 +952,9 @@ impl<B: AutodiffBackend> Driver<B> {
         let base = self.state.params.clone();
         let codec = t.codec;
         let mut ef = std::mem::take(&mut self.ef);
+        let shapes = Arc::clone(&self.shapes);
         let (encoded, ef) = tokio::task::spawn_blocking(move || {
-            let r = accept::encode_delta(&base, &theta_i, codec, &mut ef);
+            let r = accept::encode_delta(&base, &theta_i, codec, &shapes, &mut ef);
             (r, ef)
         })
         .await?;

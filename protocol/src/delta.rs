@@ -33,7 +33,16 @@ pub enum DeltaCodec {
     Int4 { block: u32 },
     /// The `permille`/1000 largest-magnitude values (at least one) as (u32 index, f16 value).
     TopK { permille: u16 },
+    /// Every weight matrix (`rows × cols` with `rank·(rows + cols) < rows·cols`) as rank-`rank`
+    /// factors `P·Qᵀ` (randomized subspace iteration, [`crate::lowrank`]), every other tensor
+    /// as is; each factor and tensor then as blockwise int4 (one f32 scale per `block` values,
+    /// blocks restarting at each piece). Needs the model's tensor shapes on both sides
+    /// ([`encode_shaped`], [`decode_shaped`]); without them the delta is one flat tensor.
+    LowRank { rank: u16, block: u32 },
 }
+
+/// Largest rank [`DeltaCodec::LowRank`] accepts.
+pub const MAX_RANK: u16 = 1024;
 
 impl Default for DeltaCodec {
     fn default() -> Self {
@@ -49,6 +58,7 @@ impl fmt::Display for DeltaCodec {
             DeltaCodec::Int8 { block } => write!(f, "int8:{block}"),
             DeltaCodec::Int4 { block } => write!(f, "int4:{block}"),
             DeltaCodec::TopK { permille } => write!(f, "topk:{permille}"),
+            DeltaCodec::LowRank { rank, block } => write!(f, "lowrank:{rank}:{block}"),
         }
     }
 }
@@ -56,13 +66,14 @@ impl fmt::Display for DeltaCodec {
 impl FromStr for DeltaCodec {
     type Err = String;
 
-    /// Parses `fp32`, `fp16`, `int8[:BLOCK]`, `int4[:BLOCK]` or `topk[:PERMILLE]`.
+    /// Parses `fp32`, `fp16`, `int8[:BLOCK]`, `int4[:BLOCK]`, `topk[:PERMILLE]` or
+    /// `lowrank[:RANK[:BLOCK]]`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (name, arg) = match s.split_once(':') {
             Some((n, a)) => (n, Some(a)),
             None => (s, None),
         };
-        let num = |default: u32, max: u32| -> Result<u32, String> {
+        let parse = |arg: Option<&str>, default: u32, max: u32| -> Result<u32, String> {
             let v = match arg {
                 None => default,
                 Some(a) => a
@@ -76,6 +87,7 @@ impl FromStr for DeltaCodec {
             }
             Ok(v)
         };
+        let num = |default: u32, max: u32| parse(arg, default, max);
         let codec = match name.to_ascii_lowercase().as_str() {
             "fp32" | "f32" => DeltaCodec::Fp32,
             "fp16" | "f16" => DeltaCodec::Fp16,
@@ -88,9 +100,20 @@ impl FromStr for DeltaCodec {
             "topk" => DeltaCodec::TopK {
                 permille: num(30, 1000)? as u16,
             },
+            "lowrank" => {
+                let (rank, block) = match arg.map(|a| a.split_once(':')) {
+                    Some(Some((r, b))) => (Some(r), Some(b)),
+                    Some(None) => (arg, None),
+                    None => (None, None),
+                };
+                DeltaCodec::LowRank {
+                    rank: parse(rank, 20, MAX_RANK as u32)? as u16,
+                    block: parse(block, 256, MAX_BLOCK)?,
+                }
+            }
             _ => {
                 return Err(format!(
-                    "unknown codec {s:?}: expected fp32, fp16, int8[:block], int4[:block] or topk[:permille]"
+                    "unknown codec {s:?}: expected fp32, fp16, int8[:block], int4[:block], topk[:permille] or lowrank[:rank[:block]]"
                 ));
             }
         };
@@ -155,19 +178,128 @@ fn check_params(codec: DeltaCodec, len: usize) -> Result<(), DeltaError> {
         DeltaCodec::TopK { permille } if permille == 0 || permille > 1000 => {
             Err(DeltaError::BadParameter(format!("permille {permille}")))
         }
+        DeltaCodec::LowRank { rank, block }
+            if rank == 0 || rank > MAX_RANK || block == 0 || block > MAX_BLOCK =>
+        {
+            Err(DeltaError::BadParameter(format!(
+                "rank {rank}, block {block}"
+            )))
+        }
         _ => Ok(()),
     }
 }
 
-/// Exact size of the uncompressed codec body for `len` values.
+/// How one tensor travels under [`DeltaCodec::LowRank`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Piece {
+    /// `n` values as they are.
+    Plain(usize),
+    /// A `rows × cols` matrix as factors of rank `r`: `P` (`rows × r`) then `Q` (`cols × r`).
+    Factored { rows: usize, cols: usize, r: usize },
+}
+
+impl Piece {
+    /// Lengths of the parts it is sent as.
+    fn parts(self) -> [usize; 2] {
+        match self {
+            Piece::Plain(n) => [n, 0],
+            Piece::Factored { rows, cols, r } => [rows * r, cols * r],
+        }
+    }
+}
+
+/// The pieces of a delta of `len` values whose tensors have `shapes` (in flat order), under
+/// rank `rank`. Shapes that do not add up to `len` (or none) make the delta one flat tensor.
+/// A matrix is factored only when its factors are smaller than it, so the pieces never hold
+/// more values than `len`.
+fn pieces(shapes: &[Vec<usize>], len: usize, rank: usize) -> Vec<Piece> {
+    let total = shapes.iter().try_fold(0usize, |acc, s| {
+        s.iter()
+            .try_fold(1usize, |p, d| p.checked_mul(*d))
+            .and_then(|n| acc.checked_add(n))
+    });
+    if shapes.is_empty() || total != Some(len) {
+        return vec![Piece::Plain(len)];
+    }
+    shapes
+        .iter()
+        .map(|s| match s[..] {
+            [rows, cols]
+                if rank
+                    .checked_mul(rows + cols)
+                    .is_some_and(|f| f < rows * cols) =>
+            {
+                Piece::Factored {
+                    rows,
+                    cols,
+                    r: rank.min(rows).min(cols),
+                }
+            }
+            _ => Piece::Plain(s.iter().product()),
+        })
+        .collect()
+}
+
+fn int4_size(len: usize, block: u32) -> usize {
+    n_blocks(len, block) * 4 + len.div_ceil(2)
+}
+
+/// Exact size of the uncompressed codec body for `len` values (a low-rank codec: as one flat
+/// tensor; see [`raw_body_size_shaped`]).
 pub fn raw_body_size(codec: DeltaCodec, len: usize) -> usize {
+    raw_body_size_shaped(codec, len, &[])
+}
+
+/// Exact size of the uncompressed codec body for `len` values in tensors of `shapes`.
+pub fn raw_body_size_shaped(codec: DeltaCodec, len: usize, shapes: &[Vec<usize>]) -> usize {
     match codec {
         DeltaCodec::Fp32 => len * 4,
         DeltaCodec::Fp16 => len * 2,
         DeltaCodec::Int8 { block } => n_blocks(len, block) * 4 + len,
-        DeltaCodec::Int4 { block } => n_blocks(len, block) * 4 + len.div_ceil(2),
+        DeltaCodec::Int4 { block } => int4_size(len, block),
         DeltaCodec::TopK { permille } => topk_count(len, permille) * 6,
+        DeltaCodec::LowRank { rank, block } => pieces(shapes, len, rank as usize)
+            .iter()
+            .flat_map(|p| p.parts())
+            .filter(|n| *n > 0)
+            .map(|n| int4_size(n, block))
+            .sum(),
     }
+}
+
+/// Appends `values` as blockwise int4: the f32 scales, then two values per byte.
+fn int4_into(raw: &mut Vec<u8>, values: &[f32], block: u32) {
+    let scales = block_scales(values, block, 7.0);
+    scales
+        .iter()
+        .for_each(|s| raw.extend_from_slice(&s.to_le_bytes()));
+    let mut nibbles = Vec::with_capacity(values.len());
+    for (chunk, s) in values.chunks(block as usize).zip(&scales) {
+        nibbles.extend(chunk.iter().map(|v| (quantize(*v, *s, 7.0) + 8) as u8));
+    }
+    for pair in nibbles.chunks(2) {
+        raw.push(pair[0] | (pair.get(1).copied().unwrap_or(8) << 4));
+    }
+}
+
+/// Reads `len` blockwise int4 values from the front of `raw` (which holds at least
+/// [`int4_size`] bytes) and returns them with the rest of `raw`.
+fn int4_from(raw: &[u8], len: usize, block: u32) -> (Vec<f32>, &[u8]) {
+    let nb = n_blocks(len, block);
+    let (scales, rest) = raw.split_at(nb * 4);
+    let (q, rest) = rest.split_at(len.div_ceil(2));
+    let scales: Vec<f32> = scales
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let out = (0..len)
+        .map(|i| {
+            let byte = q[i / 2];
+            let nib = if i % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+            (nib as i32 - 8) as f32 * scales[i / block as usize]
+        })
+        .collect();
+    (out, rest)
 }
 
 fn block_scales(values: &[f32], block: u32, qmax: f32) -> Vec<f32> {
@@ -185,9 +317,29 @@ fn quantize(v: f32, scale: f32, qmax: f32) -> i8 {
     }
 }
 
-/// Encodes `values` (expected finite) with `codec`, then zstd.
+/// Encodes `values` (expected finite) with `codec`, then zstd. A low-rank codec sees one flat
+/// tensor here; [`encode_shaped`] gives it the model's shapes.
 pub fn encode(codec: DeltaCodec, values: &[f32]) -> EncodedDelta {
-    let mut raw = Vec::with_capacity(raw_body_size(codec, values.len()));
+    encode_shaped(codec, values, &[], &mut Vec::new())
+}
+
+/// Seed of the random start subspace of a matrix without a previous one (any value works: the
+/// factors themselves are sent).
+const LOWRANK_SEED: u64 = 0x6E69_6768_7473_6866;
+
+/// [`encode`] with the shapes of the model's tensors (in flat order), which
+/// [`DeltaCodec::LowRank`] needs to find the matrices; other codecs ignore them. `subspaces`
+/// is the sender's memory of each matrix's last `Q`: a matrix whose previous `Q` fits starts
+/// its subspace iteration there, with one iteration (PowerSGD's warm start), else from a
+/// random subspace with [`crate::lowrank::POWER_ITERS`]. It is updated in place; pass an empty
+/// vector to start fresh.
+pub fn encode_shaped(
+    codec: DeltaCodec,
+    values: &[f32],
+    shapes: &[Vec<usize>],
+    subspaces: &mut Vec<Vec<f32>>,
+) -> EncodedDelta {
+    let mut raw = Vec::with_capacity(raw_body_size_shaped(codec, values.len(), shapes));
     match codec {
         DeltaCodec::Fp32 => values
             .iter()
@@ -204,19 +356,7 @@ pub fn encode(codec: DeltaCodec, values: &[f32]) -> EncodedDelta {
                 raw.extend(chunk.iter().map(|v| quantize(*v, *s, 127.0) as u8));
             }
         }
-        DeltaCodec::Int4 { block } => {
-            let scales = block_scales(values, block, 7.0);
-            scales
-                .iter()
-                .for_each(|s| raw.extend_from_slice(&s.to_le_bytes()));
-            let mut nibbles = Vec::with_capacity(values.len());
-            for (chunk, s) in values.chunks(block as usize).zip(&scales) {
-                nibbles.extend(chunk.iter().map(|v| (quantize(*v, *s, 7.0) + 8) as u8));
-            }
-            for pair in nibbles.chunks(2) {
-                raw.push(pair[0] | (pair.get(1).copied().unwrap_or(8) << 4));
-            }
-        }
+        DeltaCodec::Int4 { block } => int4_into(&mut raw, values, block),
         DeltaCodec::TopK { permille } => {
             let k = topk_count(values.len(), permille);
             let mut idx: Vec<u32> = (0..values.len() as u32).collect();
@@ -235,6 +375,31 @@ pub fn encode(codec: DeltaCodec, values: &[f32]) -> EncodedDelta {
                 raw.extend_from_slice(&f16::from_f32(values[*i as usize]).to_le_bytes())
             });
         }
+        DeltaCodec::LowRank { rank, block } => {
+            let pieces = pieces(shapes, values.len(), rank as usize);
+            subspaces.resize(pieces.len(), vec![]);
+            let mut off = 0;
+            for (piece, q_prev) in pieces.iter().zip(subspaces.iter_mut()) {
+                match *piece {
+                    Piece::Plain(n) => {
+                        int4_into(&mut raw, &values[off..off + n], block);
+                        off += n;
+                    }
+                    Piece::Factored { rows, cols, r } => {
+                        let m = &values[off..off + rows * cols];
+                        let (p, q) = if q_prev.len() == cols * r {
+                            crate::lowrank::factorize_from(m, rows, cols, q_prev, r, 1)
+                        } else {
+                            crate::lowrank::factorize(m, rows, cols, r, LOWRANK_SEED ^ off as u64)
+                        };
+                        int4_into(&mut raw, &p, block);
+                        int4_into(&mut raw, &q, block);
+                        *q_prev = q;
+                        off += rows * cols;
+                    }
+                }
+            }
+        }
     }
     // Compressing an in-memory buffer only fails on allocation failure.
     let body = zstd::bulk::compress(&raw, ZSTD_LEVEL).unwrap_or(raw);
@@ -245,11 +410,26 @@ pub fn encode(codec: DeltaCodec, values: &[f32]) -> EncodedDelta {
     }
 }
 
-/// Decodes `enc`, which must describe exactly `expected_len` values.
+/// Decodes `enc`, which must describe exactly `expected_len` values (a low-rank codec: as one
+/// flat tensor; see [`decode_shaped`]).
 ///
 /// # Errors
 /// See [`DeltaError`]; never panics and never allocates more than the expected body size.
 pub fn decode(enc: &EncodedDelta, expected_len: usize) -> Result<Vec<f32>, DeltaError> {
+    decode_shaped(enc, expected_len, &[])
+}
+
+/// [`decode`] with the shapes of the receiver's own model (in flat order), as
+/// [`encode_shaped`] was given them; the sizes come from them and the codec's parameters,
+/// never from the body.
+///
+/// # Errors
+/// See [`DeltaError`]; never panics and never allocates more than the expected body size.
+pub fn decode_shaped(
+    enc: &EncodedDelta,
+    expected_len: usize,
+    shapes: &[Vec<usize>],
+) -> Result<Vec<f32>, DeltaError> {
     let len = enc.len as usize;
     if len != expected_len {
         return Err(DeltaError::WrongLength {
@@ -258,7 +438,7 @@ pub fn decode(enc: &EncodedDelta, expected_len: usize) -> Result<Vec<f32>, Delta
         });
     }
     check_params(enc.codec, len)?;
-    let expected = raw_body_size(enc.codec, len);
+    let expected = raw_body_size_shaped(enc.codec, len, shapes);
     let raw = zstd::bulk::decompress(&enc.body, expected)
         .map_err(|e| DeltaError::Decompress(e.to_string()))?;
     if raw.len() != expected {
@@ -283,18 +463,7 @@ pub fn decode(enc: &EncodedDelta, expected_len: usize) -> Result<Vec<f32>, Delta
                 .map(|(i, b)| (*b as i8) as f32 * scales[i / block as usize])
                 .collect()
         }
-        DeltaCodec::Int4 { block } => {
-            let nb = n_blocks(len, block);
-            let (scales, q) = raw.split_at(nb * 4);
-            let scales: Vec<f32> = scales.chunks_exact(4).map(f32_at).collect();
-            (0..len)
-                .map(|i| {
-                    let byte = q[i / 2];
-                    let nib = if i % 2 == 0 { byte & 0x0F } else { byte >> 4 };
-                    (nib as i32 - 8) as f32 * scales[i / block as usize]
-                })
-                .collect()
-        }
+        DeltaCodec::Int4 { block } => int4_from(&raw, len, block).0,
         DeltaCodec::TopK { permille } => {
             let k = topk_count(len, permille);
             let (idx, vals) = raw.split_at(k * 4);
@@ -307,6 +476,26 @@ pub fn decode(enc: &EncodedDelta, expected_len: usize) -> Result<Vec<f32>, Delta
                 }
                 prev = Some(i);
                 out[i as usize] = f16::from_le_bytes([vb[0], vb[1]]).to_f32();
+            }
+            out
+        }
+        DeltaCodec::LowRank { rank, block } => {
+            let mut out = Vec::with_capacity(len);
+            let mut rest = &raw[..];
+            for piece in pieces(shapes, len, rank as usize) {
+                match piece {
+                    Piece::Plain(n) => {
+                        let (v, r) = int4_from(rest, n, block);
+                        out.extend(v);
+                        rest = r;
+                    }
+                    Piece::Factored { rows, cols, r } => {
+                        let (p, after_p) = int4_from(rest, rows * r, block);
+                        let (q, after_q) = int4_from(after_p, cols * r, block);
+                        out.extend(crate::lowrank::reconstruct(&p, &q, rows, cols, r));
+                        rest = after_q;
+                    }
+                }
             }
             out
         }
@@ -327,14 +516,33 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const ALL: [DeltaCodec; 6] = [
+    const ALL: [DeltaCodec; 7] = [
         DeltaCodec::Fp32,
         DeltaCodec::Fp16,
         DeltaCodec::Int8 { block: 64 },
         DeltaCodec::Int8 { block: 7 },
         DeltaCodec::Int4 { block: 32 },
         DeltaCodec::TopK { permille: 50 },
+        // Without shapes: one flat tensor, so int4 with the same blocks.
+        DeltaCodec::LowRank { rank: 4, block: 32 },
     ];
+
+    /// A `rows × cols` matrix of rank 4, plus noise of relative size `noise`.
+    fn low_rank_matrix(rows: usize, cols: usize, noise: f32) -> Vec<f32> {
+        (0..rows * cols)
+            .map(|k| {
+                let (i, j) = ((k / cols) as f32, (k % cols) as f32);
+                let signal = (i * 0.3).sin() * (j * 0.2).cos()
+                    + 0.5 * (i * 0.11 + 1.0).cos() * (j * 0.07).sin()
+                    + 0.2 * ((i + j) * 0.013).sin();
+                signal * 1e-2 + noise * 1e-2 * ((k * 7919 % 1013) as f32 / 1013.0 - 0.5)
+            })
+            .collect()
+    }
+
+    fn sq(v: &[f32]) -> f64 {
+        v.iter().map(|x| (*x as f64).powi(2)).sum()
+    }
 
     #[test]
     fn codec_names_parse_and_print() {
@@ -346,6 +554,33 @@ mod tests {
             DeltaCodec::Int8 { block: 64 }
         );
         assert!("int8:0".parse::<DeltaCodec>().is_err());
+        assert_eq!(
+            "lowrank".parse::<DeltaCodec>().unwrap(),
+            DeltaCodec::LowRank {
+                rank: 20,
+                block: 256
+            }
+        );
+        assert_eq!(
+            "lowrank:8".parse::<DeltaCodec>().unwrap(),
+            DeltaCodec::LowRank {
+                rank: 8,
+                block: 256
+            }
+        );
+        assert_eq!(
+            "lowrank:8:64".parse::<DeltaCodec>().unwrap(),
+            DeltaCodec::LowRank { rank: 8, block: 64 }
+        );
+        for bad in [
+            "lowrank:0",
+            "lowrank:8:0",
+            "lowrank:5000",
+            "lowrank:x:64",
+            "lowrank:8:",
+        ] {
+            assert!(bad.parse::<DeltaCodec>().is_err(), "{bad}");
+        }
         assert!("fp16:3".parse::<DeltaCodec>().is_err());
         assert!("zip".parse::<DeltaCodec>().is_err());
     }
@@ -410,6 +645,99 @@ mod tests {
     }
 
     #[test]
+    fn lowrank_sends_the_matrices_as_factors_and_the_rest_as_int4() {
+        let (rows, cols) = (48, 96);
+        let mut v = low_rank_matrix(rows, cols, 0.0);
+        let bias: Vec<f32> = (0..40).map(|i| (i as f32 * 0.7).sin() * 1e-3).collect();
+        v.extend(&bias);
+        let shapes = vec![vec![rows, cols], vec![40]];
+        let codec = DeltaCodec::LowRank { rank: 4, block: 64 };
+        let enc = encode_shaped(codec, &v, &shapes, &mut Vec::new());
+        let out = decode_shaped(&enc, v.len(), &shapes).unwrap();
+        // A matrix of rank ≤ 4 comes back up to the int4 rounding of its factors (≈ 1 % of the
+        // energy each, for values spread like these).
+        let m = rows * cols;
+        let err: Vec<f32> = v[..m].iter().zip(&out[..m]).map(|(a, b)| a - b).collect();
+        assert!(
+            sq(&err) < 3e-2 * sq(&v[..m]),
+            "{} of {}",
+            sq(&err),
+            sq(&v[..m])
+        );
+        // The vector goes as int4 of its own.
+        let mx = bias.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (a, b) in bias.iter().zip(&out[m..]) {
+            assert!((a - b).abs() <= mx / 14.0 + 1e-7);
+        }
+        // Factors: 4·(48 + 96) values instead of 4608.
+        let flat = raw_body_size(DeltaCodec::Int4 { block: 64 }, v.len());
+        let raw = raw_body_size_shaped(codec, v.len(), &shapes);
+        assert!(raw * 7 < flat, "{raw} vs {flat}");
+        assert!(
+            enc.body.len() * 32 < dense_bytes(v.len()),
+            "{}",
+            enc.body.len()
+        );
+    }
+
+    #[test]
+    fn lowrank_keeps_more_of_a_noisy_matrix_with_more_rank_and_warm_starts() {
+        let (rows, cols) = (40, 64);
+        let v = low_rank_matrix(rows, cols, 0.5);
+        let shapes = vec![vec![rows, cols]];
+        let err = |rank: u16, subspaces: &mut Vec<Vec<f32>>| {
+            let codec = DeltaCodec::LowRank { rank, block: 64 };
+            let out = decode_shaped(
+                &encode_shaped(codec, &v, &shapes, subspaces),
+                v.len(),
+                &shapes,
+            )
+            .unwrap();
+            let d: Vec<f32> = v.iter().zip(&out).map(|(a, b)| a - b).collect();
+            sq(&d) / sq(&v)
+        };
+        let (e1, e4, e12) = (
+            err(1, &mut Vec::new()),
+            err(4, &mut Vec::new()),
+            err(12, &mut Vec::new()),
+        );
+        assert!(e12 < e4 && e4 < e1 && e1 < 1.0, "{e1} {e4} {e12}");
+        // The sender keeps each matrix's subspace; starting from it is as good as fresh.
+        let mut subspaces = Vec::new();
+        let first = err(4, &mut subspaces);
+        assert_eq!(subspaces.len(), 1);
+        assert_eq!(subspaces[0].len(), cols * 4);
+        let again = err(4, &mut subspaces);
+        assert!(again <= first * 1.05, "{first} then {again}");
+    }
+
+    #[test]
+    fn lowrank_with_other_shapes_than_the_sender_is_refused() {
+        let (rows, cols) = (32, 64);
+        let v = low_rank_matrix(rows, cols, 0.1);
+        let codec = DeltaCodec::LowRank { rank: 4, block: 64 };
+        let enc = encode_shaped(codec, &v, &[vec![rows, cols]], &mut Vec::new());
+        for other in [
+            vec![],
+            vec![vec![cols, rows / 2], vec![cols, 2]],
+            vec![vec![rows * cols]],
+        ] {
+            assert!(matches!(
+                decode_shaped(&enc, v.len(), &other),
+                Err(DeltaError::WrongBodySize { .. } | DeltaError::Decompress(_))
+            ));
+        }
+        let bad = EncodedDelta {
+            codec: DeltaCodec::LowRank { rank: 0, block: 64 },
+            ..enc
+        };
+        assert!(matches!(
+            decode_shaped(&bad, v.len(), &[vec![rows, cols]]),
+            Err(DeltaError::BadParameter(_))
+        ));
+    }
+
+    #[test]
     fn topk_keeps_the_largest_values() {
         let mut v = vec![0.001f32; 1000];
         v[10] = 5.0;
@@ -437,7 +765,7 @@ mod tests {
                             let m = blk.iter().take(block as usize).fold(0f32, |m, x| m.max(x.abs()));
                             m / 127.0 * 0.5 + 1e-6
                         }
-                        DeltaCodec::Int4 { block } => {
+                        DeltaCodec::Int4 { block } | DeltaCodec::LowRank { block, .. } => {
                             let blk = &v[(i / block as usize) * block as usize..];
                             let m = blk.iter().take(block as usize).fold(0f32, |m, x| m.max(x.abs()));
                             m / 7.0 * 0.5 + 1e-6
@@ -468,6 +796,30 @@ mod tests {
                 enc.body.truncate(cut % (enc.body.len() + 1));
                 let _ = decode(&enc, v.len());
             }
+        }
+
+        #[test]
+        fn corrupted_lowrank_bodies_never_panic(
+            rows in 2usize..24,
+            cols in 2usize..24,
+            rank in 1u16..6,
+            flips in prop::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+            cut in any::<usize>(),
+        ) {
+            let v = low_rank_matrix(rows, cols, 0.3);
+            let mut all = v.clone();
+            all.extend([0.25f32; 5]);
+            let shapes = vec![vec![rows, cols], vec![5]];
+            let codec = DeltaCodec::LowRank { rank, block: 16 };
+            let mut enc = encode_shaped(codec, &all, &shapes, &mut Vec::new());
+            prop_assert_eq!(decode_shaped(&enc, all.len(), &shapes).unwrap().len(), all.len());
+            for (pos, x) in &flips {
+                let n = enc.body.len();
+                enc.body[pos % n] ^= x;
+            }
+            let _ = decode_shaped(&enc, all.len(), &shapes);
+            enc.body.truncate(cut % (enc.body.len() + 1));
+            let _ = decode_shaped(&enc, all.len(), &shapes);
         }
     }
 }

@@ -2,9 +2,9 @@
 //! `M` (`rows × cols`, row-major) is sent as two factors `P` (`rows × r`) and `Q` (`cols × r`)
 //! with `M ≈ P·Qᵀ`, `P` orthonormal, found by randomized subspace iteration.
 //!
-//! Pure f64 arithmetic on small matrices, deterministic for a given seed. Used by
-//! `bench convergence --lowrank` to measure whether the codec is worth building into the wire
-//! format (BENCHMARKS.md); nodes do not send it.
+//! Pure f64 arithmetic on small matrices, deterministic for a given seed. The wire codec
+//! [`crate::DeltaCodec::LowRank`] sends deltas this way; `bench convergence --lowrank` is the
+//! older bench-only form (any inner codec for the factors).
 
 /// Subspace iterations after the first projection (2 is enough for a clear spectral gap).
 pub const POWER_ITERS: usize = 2;

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 const EXIT_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The swarm sends its deltas as low-rank factors (the most compact codec; the other tests
+/// use the default int4), so this also checks that every node decodes them identically.
 #[test]
 fn three_nodes_find_each_other_and_train_five_rounds_in_agreement() {
     let dir = tempfile::tempdir().unwrap();
@@ -19,6 +21,8 @@ fn three_nodes_find_each_other_and_train_five_rounds_in_agreement() {
             "5",
             "--inner-lr",
             "0.003",
+            "--codec",
+            "lowrank:4:64",
         ],
     );
     let (_boot, addr) = swarm.bootstrap();
@@ -62,6 +66,18 @@ fn three_nodes_find_each_other_and_train_five_rounds_in_agreement() {
         last < initial - 0.3,
         "validation loss went {initial} -> {last}"
     );
+    // The factors are what travelled: far fewer bytes than int4 (8x) would take.
+    for e in &ev {
+        if let NodeEvent::RoundCompleted(r) = e {
+            assert_eq!(r.codec, "lowrank:4:64");
+            assert!(
+                r.wire_delta_bytes * 16 < r.dense_delta_bytes,
+                "{} of {} bytes",
+                r.wire_delta_bytes,
+                r.dense_delta_bytes
+            );
+        }
+    }
 }
 
 #[test]

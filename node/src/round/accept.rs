@@ -26,6 +26,8 @@ pub struct RoundContext<'a> {
     pub base_hash: Hash32,
     pub allowlist: Option<&'a [[u8; 32]]>,
     pub num_params: usize,
+    /// Parameter shapes in flat order (the low-rank codec's matrices).
+    pub shapes: &'a [Vec<usize>],
     /// Most tokens one round of inner steps can train (H · batch · seq).
     pub max_tokens: u64,
 }
@@ -77,7 +79,7 @@ pub fn accept(ctx: &RoundContext<'_>, env: &SignedEnvelope) -> Result<Accepted, 
             max: ctx.max_tokens,
         });
     }
-    let delta = delta::decode(&c.delta, ctx.num_params)?;
+    let delta = delta::decode_shaped(&c.delta, ctx.num_params, ctx.shapes)?;
     Ok(Accepted {
         sender: env.header.sender,
         tokens: c.tokens,
@@ -87,8 +89,9 @@ pub fn accept(ctx: &RoundContext<'_>, env: &SignedEnvelope) -> Result<Accepted, 
 }
 
 /// This node's pseudo-gradient for the wire: Δ = θ(r) − θ_local plus the error-feedback residual,
-/// encoded with `codec`. Returns the encoding and the decoded values — what every peer will
-/// average, so the node averages exactly that too — and updates `ef` with what was lost.
+/// encoded with `codec` (`shapes`: the parameter shapes, for the low-rank codec). Returns the
+/// encoding and the decoded values — what every peer will average, so the node averages
+/// exactly that too — and updates `ef` with what was lost.
 ///
 /// # Errors
 /// When Δ does not survive its own codec (non-finite values from diverged training).
@@ -96,12 +99,13 @@ pub fn encode_delta(
     base: &[f32],
     local: &[f32],
     codec: DeltaCodec,
+    shapes: &[Vec<usize>],
     ef: &mut ErrorFeedback,
 ) -> Result<(EncodedDelta, Vec<f32>), DeltaError> {
     let mut d: Vec<f32> = base.iter().zip(local).map(|(a, b)| a - b).collect();
     ef.compensate(&mut d);
-    let enc = delta::encode(codec, &d);
-    let sent = delta::decode(&enc, d.len())?;
+    let enc = delta::encode_shaped(codec, &d, shapes, &mut ef.subspaces);
+    let sent = delta::decode_shaped(&enc, d.len(), shapes)?;
     ef.record(&d, &sent);
     Ok((enc, sent))
 }
@@ -184,6 +188,7 @@ mod tests {
             base_hash: Hash32::of(&[b"theta5"]),
             allowlist: Some(allow),
             num_params: N,
+            shapes: &[],
             max_tokens: 10_000,
         }
     }
@@ -362,6 +367,49 @@ mod tests {
             }
         }
         assert_eq!(aggregate(&all).unwrap(), expected);
+    }
+
+    /// Through the node's own encoding path, with every lossy codec (the low-rank one with real
+    /// shapes): what was sent over the rounds plus the residual is what was trained.
+    #[test]
+    fn error_feedback_through_the_codecs_loses_nothing() {
+        let shapes = vec![vec![16, 24], vec![8]];
+        let n = 16 * 24 + 8;
+        for codec in [
+            DeltaCodec::Int4 { block: 32 },
+            DeltaCodec::TopK { permille: 50 },
+            DeltaCodec::LowRank { rank: 3, block: 32 },
+        ] {
+            let mut ef = ErrorFeedback::default();
+            let (mut sent_sum, mut truth) = (vec![0f64; n], vec![0f64; n]);
+            let base = vec![0f32; n];
+            for r in 0..12 {
+                let local: Vec<f32> = (0..n)
+                    .map(|i| ((r * n + i) as f32 * 0.37).sin() * 0.01)
+                    .collect();
+                let (_, sent) = encode_delta(&base, &local, codec, &shapes, &mut ef).unwrap();
+                truth
+                    .iter_mut()
+                    .zip(&local)
+                    .for_each(|(t, x)| *t -= *x as f64);
+                sent_sum
+                    .iter_mut()
+                    .zip(&sent)
+                    .for_each(|(s, x)| *s += *x as f64);
+            }
+            for i in 0..n {
+                let back = sent_sum[i] + ef.residual[i] as f64;
+                assert!(
+                    (back - truth[i]).abs() < 1e-5,
+                    "{codec} index {i}: {back} vs {}",
+                    truth[i]
+                );
+            }
+            assert!(
+                sent_sum.iter().any(|s| s.abs() > 1e-4),
+                "{codec} sent something"
+            );
+        }
     }
 
     #[test]
