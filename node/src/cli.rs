@@ -83,9 +83,12 @@ pub struct SwarmFlags {
     pub inner_lr: f32,
     #[arg(long, default_value_t = 50)]
     pub warmup_steps: u32,
+    /// Outer Nesterov learning rate (tuned at H = 50; shorter rounds want a smaller outer step:
+    /// at H = 10, 0.5 with momentum 0.8, or 0.7 with momentum 0.6; BENCHMARKS.md).
     #[arg(long, default_value_t = 0.7)]
     pub outer_lr: f32,
-    /// Outer Nesterov momentum (0.8 beat the DiLoCo paper's 0.9 at T = 1000; BENCHMARKS.md).
+    /// Outer Nesterov momentum (0.8 beat the DiLoCo paper's 0.9 at T = 1000 and H = 50; at
+    /// H = 10, 0.6 is better; BENCHMARKS.md).
     #[arg(long, default_value_t = 0.8)]
     pub outer_momentum: f32,
     /// Seconds a node waits for the others after its contribution is out.
