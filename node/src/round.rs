@@ -748,6 +748,7 @@ impl<B: AutodiffBackend> Driver<B> {
             allowlist: allow,
             num_params: self.num_params,
             shapes: &self.shapes,
+            codec: self.manifest.manifest.training.codec,
             max_tokens,
         };
         match accept(&ctx, &env) {

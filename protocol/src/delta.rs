@@ -44,6 +44,16 @@ pub enum DeltaCodec {
 /// Largest rank [`DeltaCodec::LowRank`] accepts.
 pub const MAX_RANK: u16 = 1024;
 
+impl DeltaCodec {
+    /// Checks the codec's parameters (block, permille, rank) are within what peers accept.
+    ///
+    /// # Errors
+    /// [`DeltaError::BadParameter`] naming the parameter.
+    pub fn validate(self) -> Result<(), DeltaError> {
+        check_params(self, 0)
+    }
+}
+
 impl Default for DeltaCodec {
     fn default() -> Self {
         DeltaCodec::Int4 { block: 64 }

@@ -175,6 +175,9 @@ impl SignedManifest {
         if t.data.val_permille == 0 || t.data.val_permille >= 1000 {
             return bad("val_permille must be within 1..=999");
         }
+        if let Err(e) = t.codec.validate() {
+            return bad(&format!("codec {}: {e}", t.codec));
+        }
         Ok(())
     }
 }
@@ -241,5 +244,20 @@ pub(crate) mod tests {
             m.sign(&key).verify(),
             Err(ManifestError::Invalid(_))
         ));
+        let mut m = sample();
+        m.training.codec = DeltaCodec::LowRank {
+            rank: 0,
+            block: 256,
+        };
+        assert!(matches!(
+            m.sign(&key).verify(),
+            Err(ManifestError::Invalid(e)) if e.contains("rank 0")
+        ));
+        let mut m = sample();
+        m.training.codec = DeltaCodec::LowRank {
+            rank: 20,
+            block: 256,
+        };
+        assert!(m.sign(&key).verify().is_ok());
     }
 }

@@ -28,6 +28,9 @@ pub struct RoundContext<'a> {
     pub num_params: usize,
     /// Parameter shapes in flat order (the low-rank codec's matrices).
     pub shapes: &'a [Vec<usize>],
+    /// The swarm's codec (the manifest's): a delta in any other is refused, so a peer cannot
+    /// pick a codec that is costlier to decode than the swarm agreed to.
+    pub codec: DeltaCodec,
     /// Most tokens one round of inner steps can train (H · batch · seq).
     pub max_tokens: u64,
 }
@@ -52,6 +55,11 @@ pub enum Refusal {
     TooManyTokens { got: u64, max: u64 },
     #[error("claims zero tokens")]
     NoTokens,
+    #[error("delta sent as {got}, the swarm uses {expected}")]
+    WrongCodec {
+        got: DeltaCodec,
+        expected: DeltaCodec,
+    },
 }
 
 /// Verifies `env` against `ctx` (signature and bindings first, then decoding), bounds its claims
@@ -77,6 +85,12 @@ pub fn accept(ctx: &RoundContext<'_>, env: &SignedEnvelope) -> Result<Accepted, 
         return Err(Refusal::TooManyTokens {
             got: c.tokens,
             max: ctx.max_tokens,
+        });
+    }
+    if c.delta.codec != ctx.codec {
+        return Err(Refusal::WrongCodec {
+            got: c.delta.codec,
+            expected: ctx.codec,
         });
     }
     let delta = delta::decode_shaped(&c.delta, ctx.num_params, ctx.shapes)?;
@@ -189,6 +203,7 @@ mod tests {
             allowlist: Some(allow),
             num_params: N,
             shapes: &[],
+            codec: DeltaCodec::Fp32,
             max_tokens: 10_000,
         }
     }
@@ -335,7 +350,14 @@ mod tests {
             &key(3),
             5,
             ctx.base_hash,
-            delta::encode(DeltaCodec::Int8 { block: 8 }, &inf),
+            delta::encode(DeltaCodec::Fp32, &inf),
+            1000,
+        );
+        let other_codec = contribution(
+            &key(3),
+            5,
+            ctx.base_hash,
+            delta::encode(DeltaCodec::Int8 { block: 8 }, &[0.1; N]),
             1000,
         );
         let greedy = contribution(
@@ -355,6 +377,7 @@ mod tests {
             ("wrong length", wrong_len, "values, the model has"),
             ("nan", nan, "non-finite"),
             ("inf", inf, "non-finite"),
+            ("other codec", other_codec, "the swarm uses fp32"),
             ("greedy", greedy, "tokens"),
         ];
         let mut all = clean.clone();
