@@ -141,6 +141,13 @@ pub struct ConvergenceArgs {
     /// Where the cosine schedule ends, as a fraction of the inner learning rate.
     #[arg(long, default_value_t = 0.1)]
     pub final_lr_frac: f64,
+    /// Short rounds first: the first this many rounds of every DiLoCo run are
+    /// `--early-inner-steps` long, the rest H (a warm-up for the outer loop). 0 is off.
+    #[arg(long, default_value_t = 0)]
+    pub early_rounds: u32,
+    /// Inner steps of each early round (see `--early-rounds`).
+    #[arg(long, default_value_t = 10)]
+    pub early_inner_steps: u32,
     #[command(flatten)]
     pub recipe: SwarmFlags,
 }
@@ -205,6 +212,8 @@ pub struct Setup {
     pub lowrank: usize,
     /// Warm-start the low-rank factorization (see `--lowrank-warm`).
     pub lowrank_warm: bool,
+    /// Short rounds first: (rounds, inner steps of each); see `--early-rounds`.
+    pub early: (u32, u32),
 }
 
 /// `--missing`: what stands in for a contribution that did not arrive.
@@ -296,6 +305,7 @@ impl Setup {
             partial_shrink: Shrink::Fixed(0.0),
             lowrank: 0,
             lowrank_warm: false,
+            early: (0, 0),
         })
     }
 
@@ -457,8 +467,15 @@ impl Setup {
         let mut curve = vec![(0, self.val_loss(&mut workers[0].0))];
         let (mut done, mut train_secs, mut bytes, mut sends, mut tokens) =
             (0u32, 0.0, 0u64, 0u64, 0u64);
+        let mut round = 0u32;
         while done < steps {
-            let n = h.min(steps - done);
+            let len = if round < self.early.0 {
+                self.early.1
+            } else {
+                h
+            };
+            round += 1;
+            let n = len.min(steps - done);
             let mut collected = BTreeMap::new();
             let mut round_tokens = 0u64;
             for (i, (t, rng, shard, ef)) in workers.iter_mut().enumerate() {
@@ -521,12 +538,7 @@ impl Setup {
                     let deltas: Vec<&[f32]> =
                         collected.values().map(|a| a.delta.as_slice()).collect();
                     if let Some(r) = noise_ratio(&deltas) {
-                        tracing::debug!(
-                            round = done / h.max(1),
-                            arrived = collected.len(),
-                            r,
-                            "noise ratio"
-                        );
+                        tracing::debug!(round, arrived = collected.len(), r, "noise ratio");
                         noise = Some(noise.map_or(r, |m: f64| 0.7 * m + 0.3 * r));
                     }
                     noise.unwrap_or(0.0)
@@ -612,10 +624,15 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     if want("sync") {
         p.push((format!("sync k={bk}"), Kind::Single { mult: bk, steps: t }));
     }
+    let early = if a.early_rounds > 0 {
+        format!(" early={}x{}", a.early_rounds, a.early_inner_steps)
+    } else {
+        String::new()
+    };
     let diloco = |k: usize, h: u32, codec: DeltaCodec, drop: f64, suffix: String| {
         (
             format!(
-                "diloco k={k} h={h}{}{suffix}",
+                "diloco k={k} h={h}{early}{}{suffix}",
                 if a.lowrank > 0 {
                     format!(
                         " lowrank:{}{}",
@@ -712,6 +729,10 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.lowrank_warm = a.lowrank_warm;
     setup.partial_shrink = a.partial_shrink;
     setup.inner.final_lr_frac = a.final_lr_frac;
+    if a.early_rounds > 0 && a.early_inner_steps == 0 {
+        bail!("--early-inner-steps must be positive");
+    }
+    setup.early = (a.early_rounds, a.early_inner_steps);
     let runs = plan(&a);
     println!(
         "convergence: {} runs, T={} per-worker steps, model {} ({} params), batch {}, seq {}",

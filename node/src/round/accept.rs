@@ -118,6 +118,10 @@ pub fn encode_delta(
 ) -> Result<(EncodedDelta, Vec<f32>), DeltaError> {
     let mut d: Vec<f32> = base.iter().zip(local).map(|(a, b)| a - b).collect();
     ef.compensate(&mut d);
+    // Checked here for every codec: blockwise int4/int8 would quietly quantise a NaN to 0.
+    if let Some(i) = d.iter().position(|v| !v.is_finite()) {
+        return Err(DeltaError::NonFinite(i));
+    }
     let enc = delta::encode_shaped(codec, &d, shapes, &mut ef.subspaces);
     let sent = delta::decode_shaped(&enc, d.len(), shapes)?;
     ef.record(&d, &sent);
@@ -432,6 +436,32 @@ mod tests {
                 sent_sum.iter().any(|s| s.abs() > 1e-4),
                 "{codec} sent something"
             );
+        }
+    }
+
+    /// A diverged worker's NaN is refused before encoding under every codec (int4 would
+    /// otherwise send it as 0), and its error feedback is left as it was.
+    #[test]
+    fn a_non_finite_delta_is_refused_by_every_codec() {
+        let shapes = vec![vec![16, 24], vec![8]];
+        let n = 16 * 24 + 8;
+        let base = vec![0f32; n];
+        for codec in [
+            DeltaCodec::Fp32,
+            DeltaCodec::Int8 { block: 64 },
+            DeltaCodec::Int4 { block: 32 },
+            DeltaCodec::TopK { permille: 50 },
+            DeltaCodec::LowRank { rank: 3, block: 32 },
+        ] {
+            let mut ef = ErrorFeedback::default();
+            let fine: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 0.01).collect();
+            encode_delta(&base, &fine, codec, &shapes, &mut ef).unwrap();
+            let before = ef.residual.clone();
+            let mut bad = fine.clone();
+            bad[17] = f32::NAN;
+            let err = encode_delta(&base, &bad, codec, &shapes, &mut ef).unwrap_err();
+            assert_eq!(err, DeltaError::NonFinite(17), "{codec}");
+            assert_eq!(ef.residual, before, "{codec}: residual untouched");
         }
     }
 
