@@ -318,9 +318,13 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
         let model = flat::unflatten(model, &s.params, &self.device)
             .expect("suspended parameters come from this model");
         let optim = fresh_adamw::<B>(&self.cfg);
-        self.optim = match Recorder::default().load(s.optim, &self.device) {
-            Ok(record) => optim.load_record(record),
-            Err(_) => fresh_adamw(&self.cfg),
+        self.optim = match s.optim.is_empty() {
+            // Cleared by `reset`.
+            true => optim,
+            false => match Recorder::default().load(s.optim, &self.device) {
+                Ok(record) => optim.load_record(record),
+                Err(_) => fresh_adamw(&self.cfg),
+            },
         };
         self.model = Some(model);
     }
@@ -367,6 +371,23 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
         }
         let m = self.model.take().expect("model present between steps");
         self.model = Some(flat::unflatten(m, params, &self.device)?);
+        Ok(())
+    }
+
+    /// Replaces the parameters and starts AdamW afresh (its moments are dropped; the step count,
+    /// which drives the warm-up, is kept). The way back from a diverged inner loop: once a step
+    /// has produced a non-finite value, the moments hold it too and would poison any parameters
+    /// loaded after it.
+    ///
+    /// # Errors
+    /// When `params` has the wrong length; the trainer is unchanged then.
+    pub fn reset(&mut self, params: &[f32]) -> Result<(), LengthMismatch> {
+        self.load_params(params)?;
+        match self.suspended.as_mut() {
+            // Stays off the device; `wake` starts AdamW afresh from an empty record.
+            Some(s) => s.optim.clear(),
+            None => self.optim = fresh_adamw(&self.cfg),
+        }
         Ok(())
     }
 
@@ -483,6 +504,46 @@ mod tests {
         t.load_params(&init).unwrap();
         assert_eq!(t.params(), init);
         assert!(t.load_params(&init[1..]).is_err());
+    }
+
+    #[test]
+    fn a_reset_recovers_a_trainer_whose_training_went_non_finite() {
+        let (dev, corpus, cfg, init) = tiny(100_000);
+        let inner = InnerConfig {
+            lr: 3e-3,
+            warmup_steps: 2,
+            batch_size: 4,
+            ..Default::default()
+        };
+        let mut t = InnerTrainer::<CpuTrain>::new(&cfg, inner, &init, &dev).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        // A NaN in θ makes every gradient NaN, and AdamW's moments with it.
+        let mut bad = init.clone();
+        bad[7] = f32::NAN;
+        t.load_params(&bad).unwrap();
+        let r = t.train(&corpus, &corpus.full_shard(), &mut rng, 2, &|| false);
+        assert!(r.mean_loss.is_nan());
+        // Loading good parameters alone does not help: the moments are poisoned.
+        t.load_params(&init).unwrap();
+        t.train(&corpus, &corpus.full_shard(), &mut rng, 1, &|| false);
+        assert!(t.params().iter().any(|v| !v.is_finite()));
+        // A reset does, also while suspended (without waking the trainer).
+        assert!(t.reset(&init[1..]).is_err());
+        t.suspend();
+        t.reset(&init).unwrap();
+        assert!(t.is_suspended());
+        let r = t.train(&corpus, &corpus.full_shard(), &mut rng, 2, &|| false);
+        assert!(r.mean_loss.is_finite(), "{}", r.mean_loss);
+        assert!(t.params().iter().all(|v| v.is_finite()));
+        // And a poisoned one again, awake.
+        t.load_params(&bad).unwrap();
+        t.train(&corpus, &corpus.full_shard(), &mut rng, 1, &|| false);
+        t.reset(&init).unwrap();
+        assert_eq!(t.params(), init);
+        let r = t.train(&corpus, &corpus.full_shard(), &mut rng, 3, &|| false);
+        assert!(r.mean_loss.is_finite(), "{}", r.mean_loss);
+        assert!(t.params().iter().all(|v| v.is_finite()));
+        assert_ne!(t.params(), init);
     }
 
     #[test]

@@ -45,6 +45,14 @@ pub enum NodeEvent {
         latency_ms: f64,
         reason: String,
     },
+    /// This node's own training of `round` produced a non-finite parameter (at `index` of the
+    /// flat vector): its work was dropped (nothing sent) and its trainer restarted from θ(round)
+    /// with a fresh inner optimizer. `in_a_row` counts such rounds; at 3 the node stops.
+    Diverged {
+        round: u64,
+        index: u64,
+        in_a_row: u32,
+    },
     /// The node stopped training until the machine is idle again (the device is released).
     Paused { round: u64, reason: String },
     /// The machine is idle again; the node rejoins the rounds.

@@ -59,6 +59,9 @@ const COLLECT_TICK_MS: u64 = 300;
 const PUSH_GRACE_SECS: u64 = 2;
 /// How long a finished node keeps serving before it leaves.
 const LINGER_SECS: u64 = 2;
+/// Rounds in a row whose local training may go non-finite before the node gives up: one bad
+/// round is dropped and retried from θ; several in a row mean the settings diverge.
+const MAX_DIVERGED_IN_A_ROW: u32 = 3;
 /// Size of one state chunk asked for when syncing.
 const SYNC_CHUNK_BYTES: u32 = 1 << 20;
 /// How often an unchanged window record is re-published.
@@ -136,6 +139,8 @@ enum Outcome {
     Behind,
     /// The window closed before the first step: nothing to send.
     Yielded,
+    /// Our own training went non-finite: nothing sent, the trainer is back at θ.
+    Diverged,
     Shutdown,
 }
 
@@ -201,6 +206,8 @@ struct Driver<B: AutodiffBackend> {
     just_synced: bool,
     /// Set after waiting out the round that was under way when we synced; the next round is ours.
     waited_for_round: bool,
+    /// Rounds in a row whose local training went non-finite (reset by a completed round).
+    diverged_in_a_row: u32,
     /// When a peer was first seen training each recent round.
     round_started: BTreeMap<u64, Instant>,
     /// The training budget of the next round when it is joined late.
@@ -381,6 +388,7 @@ impl<B: AutodiffBackend> Driver<B> {
             control_info: opts.control_info,
             just_synced: false,
             waited_for_round: false,
+            diverged_in_a_row: 0,
             round_started: BTreeMap::new(),
             budget_override: None,
         };
@@ -439,8 +447,11 @@ impl<B: AutodiffBackend> Driver<B> {
                 }
             }
             match self.one_round().await? {
-                Outcome::Completed => self.waited_for_round = false,
-                Outcome::Behind | Outcome::Yielded => {}
+                Outcome::Completed => {
+                    self.waited_for_round = false;
+                    self.diverged_in_a_row = 0;
+                }
+                Outcome::Behind | Outcome::Yielded | Outcome::Diverged => {}
                 Outcome::Shutdown => break "shutdown",
             }
         };
@@ -913,6 +924,44 @@ impl<B: AutodiffBackend> Driver<B> {
         Ok(Trained::Report(report))
     }
 
+    /// Our training of round `r` produced a non-finite parameter (at `index`): send nothing, put
+    /// the trainer back at θ(r) with a fresh inner optimizer, and go on (the round loop may
+    /// retry the round for the time it has left). Several rounds in a row stop the node.
+    async fn diverged(&mut self, r: u64, index: usize) -> anyhow::Result<Outcome> {
+        self.diverged_in_a_row += 1;
+        let in_a_row = self.diverged_in_a_row;
+        self.sink.emit(&NodeEvent::Diverged {
+            round: r,
+            index: index as u64,
+            in_a_row,
+        });
+        if in_a_row >= MAX_DIVERGED_IN_A_ROW {
+            bail!(
+                "local training went non-finite in {in_a_row} rounds in a row (round {r}, \
+                 parameter {index}): the swarm's settings (its inner learning rate?) make \
+                 training diverge on this machine; the last checkpoint, θ({r}), is unchanged"
+            );
+        }
+        warn!(
+            round = r,
+            index,
+            in_a_row,
+            "local training went non-finite; dropping this round's work and restarting from θ"
+        );
+        let params = self.state.params.clone();
+        if let Some(mut c) = self.compute.take() {
+            let (c, reset) = tokio::task::spawn_blocking(move || {
+                let reset = c.trainer.reset(&params);
+                (c, reset)
+            })
+            .await?;
+            self.compute = Some(c);
+            reset.context("θ does not fit the model")?;
+        }
+        self.announce(Phase::Ready).await;
+        Ok(Outcome::Diverged)
+    }
+
     async fn one_round(&mut self) -> anyhow::Result<Outcome> {
         let r = self.state.round;
         let t_round = Instant::now();
@@ -972,8 +1021,11 @@ impl<B: AutodiffBackend> Driver<B> {
                 );
             }
         }
-        let (enc, sent) =
-            encoded.context("our own delta does not decode (non-finite training?)")?;
+        let (enc, sent) = match encoded {
+            Ok(e) => e,
+            Err(delta::DeltaError::NonFinite(index)) => return self.diverged(r, index).await,
+            Err(e) => return Err(e).context("our own delta cannot be encoded"),
+        };
         let wire_delta_bytes = enc.body.len() as u64;
         let contribution = Contribution {
             tokens: report.tokens,

@@ -204,3 +204,50 @@ fn a_node_given_only_the_swarm_id_fetches_the_manifest_from_the_bootstrap() {
         String::from_utf8_lossy(&wrong.stderr)
     );
 }
+
+/// An inner learning rate far too high for the model: every round's local training ends with
+/// non-finite weights. The node sends none of them, restarts from θ each time, and after three
+/// rounds in a row stops with an error that says why, θ(0) untouched.
+#[test]
+fn a_node_whose_training_goes_non_finite_sends_nothing_and_stops_after_three_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let swarm = TestSwarm::create(
+        dir.path(),
+        1,
+        &[
+            "--inner-steps",
+            "3",
+            "--warmup-steps",
+            "0",
+            "--inner-lr",
+            "1e30",
+        ],
+    );
+    let (_boot, addr) = swarm.bootstrap();
+    let mut node = swarm.node(0, &addr, 5);
+    assert_eq!(
+        node.wait_exit(EXIT_TIMEOUT),
+        Some(false),
+        "the node should stop with an error"
+    );
+    let ev = swarm.events(0);
+    let diverged: Vec<(u64, u32)> = ev
+        .iter()
+        .filter_map(|e| match e {
+            NodeEvent::Diverged {
+                round, in_a_row, ..
+            } => Some((*round, *in_a_row)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(diverged, vec![(0, 1), (0, 2), (0, 3)], "{ev:?}");
+    assert!(
+        !ev.iter().any(|e| matches!(e, NodeEvent::RoundCompleted(_))),
+        "a non-finite round completed: {ev:?}"
+    );
+    let log = std::fs::read_to_string(dir.path().join(format!("{}.log", node.name))).unwrap();
+    assert!(
+        log.contains("non-finite in 3 rounds in a row"),
+        "the error does not say why: {log}"
+    );
+}
