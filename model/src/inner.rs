@@ -318,13 +318,15 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
         let model = flat::unflatten(model, &s.params, &self.device)
             .expect("suspended parameters come from this model");
         let optim = fresh_adamw::<B>(&self.cfg);
-        self.optim = match s.optim.is_empty() {
-            // Cleared by `reset`.
-            true => optim,
-            false => match Recorder::default().load(s.optim, &self.device) {
+        // An empty record (cleared by `reset`, or one that could not be written) starts AdamW
+        // afresh; it must not reach the recorder, which panics on an empty input.
+        self.optim = if s.optim.is_empty() {
+            optim
+        } else {
+            match Recorder::default().load(s.optim, &self.device) {
                 Ok(record) => optim.load_record(record),
-                Err(_) => fresh_adamw(&self.cfg),
-            },
+                Err(_) => optim,
+            }
         };
         self.model = Some(model);
     }
