@@ -14,7 +14,7 @@ use nightshift_model::{
     Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer,
     eval, flat, noise_ratio, partial_round_scale,
 };
-use nightshift_protocol::{DeltaCodec, delta, lowrank};
+use nightshift_protocol::{DeltaCodec, delta};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -129,18 +129,15 @@ pub struct ConvergenceArgs {
     /// `0` is off (what nodes do).
     #[arg(long, default_value = "0")]
     pub partial_shrink: Shrink,
-    /// Experimental, bench only (nodes cannot send it): each weight matrix of a delta goes as
-    /// rank-R factors (randomized subspace iteration), the factors and every vector through
-    /// `--codec`, with error feedback. 0 is off.
-    #[arg(long, default_value_t = 0)]
-    pub lowrank: usize,
-    /// With `--lowrank`: start each round's factorization from the worker's previous `Q`
-    /// (PowerSGD's warm start, one subspace iteration) instead of a fresh random subspace.
-    #[arg(long)]
-    pub lowrank_warm: bool,
     /// Where the cosine schedule ends, as a fraction of the inner learning rate.
     #[arg(long, default_value_t = 0.1)]
     pub final_lr_frac: f64,
+    /// AdamW's second-moment decay rate for every run (nodes use burn's 0.999).
+    #[arg(long, default_value_t = 0.999)]
+    pub inner_beta2: f32,
+    /// AdamW's epsilon for every run (nodes use burn's 1e-5).
+    #[arg(long, default_value_t = 1e-5)]
+    pub inner_eps: f32,
     /// Short rounds first: the first this many rounds of every DiLoCo run are
     /// `--early-inner-steps` long, the rest H (a warm-up for the outer loop). 0 is off.
     #[arg(long, default_value_t = 0)]
@@ -208,10 +205,6 @@ pub struct Setup {
     pub missing: Missing,
     /// Shrink partial rounds (see `--partial-shrink`).
     pub partial_shrink: Shrink,
-    /// Rank of the experimental low-rank codec (see `--lowrank`); 0 is off.
-    pub lowrank: usize,
-    /// Warm-start the low-rank factorization (see `--lowrank-warm`).
-    pub lowrank_warm: bool,
     /// Short rounds first: (rounds, inner steps of each); see `--early-rounds`.
     pub early: (u32, u32),
 }
@@ -303,8 +296,6 @@ impl Setup {
             cosine: false,
             missing: Missing::Counted,
             partial_shrink: Shrink::Fixed(0.0),
-            lowrank: 0,
-            lowrank_warm: false,
             early: (0, 0),
         })
     }
@@ -385,50 +376,6 @@ impl Setup {
         })
     }
 
-    /// The experimental low-rank codec (`--lowrank`): error feedback, then every weight matrix
-    /// as rank-R factors and everything else as is, each piece through `codec`. Returns the
-    /// bytes it would take and what the receivers would decode.
-    fn encode_lowrank(
-        &self,
-        mut d: Vec<f32>,
-        codec: DeltaCodec,
-        ef: &mut ErrorFeedback,
-        seed: u64,
-        warm: &mut Vec<Vec<f32>>,
-    ) -> anyhow::Result<(usize, Vec<f32>)> {
-        ef.compensate(&mut d);
-        let mut sent = Vec::with_capacity(d.len());
-        let mut bytes = 0;
-        let mut through = |v: &[f32]| -> anyhow::Result<Vec<f32>> {
-            let enc = delta::encode(codec, v);
-            bytes += enc.body.len();
-            Ok(delta::decode(&enc, v.len())?)
-        };
-        let mut off = 0;
-        warm.resize(self.shapes.len(), vec![]);
-        for (shape, q_prev) in self.shapes.iter().zip(warm.iter_mut()) {
-            let n: usize = shape.iter().product();
-            let seg = &d[off..off + n];
-            off += n;
-            match shape[..] {
-                [rows, cols] if self.lowrank * (rows + cols) < n => {
-                    let r = self.lowrank.min(rows).min(cols);
-                    let (p, q) = if self.lowrank_warm && q_prev.len() == cols * r {
-                        lowrank::factorize_from(seg, rows, cols, q_prev, r, 1)
-                    } else {
-                        lowrank::factorize(seg, rows, cols, r, seed ^ off as u64)
-                    };
-                    q_prev.clone_from(&q);
-                    let (p, q) = (through(&p)?, through(&q)?);
-                    sent.extend(lowrank::reconstruct(&p, &q, rows, cols, r));
-                }
-                _ => sent.extend(through(seg)?),
-            }
-        }
-        ef.record(&d, &sent);
-        Ok((bytes, sent))
-    }
-
     /// K workers, H inner steps per round, `steps` per worker in all.
     ///
     /// # Errors
@@ -461,7 +408,6 @@ impl Setup {
         let mut theta = self.genesis.clone();
         let mut outer = OuterOptimizer::new(self.outer_lr, self.outer_momentum, theta.len());
         let mut noise: Option<f64> = None;
-        let mut warm: Vec<Vec<Vec<f32>>> = vec![vec![]; k];
         // A dropped contribution waiting to be resent with the worker's next one.
         let mut pending: Vec<Option<Late>> = vec![None; k];
         let mut curve = vec![(0, self.val_loss(&mut workers[0].0))];
@@ -489,14 +435,8 @@ impl Setup {
                 if let Some(late) = pending[i].take() {
                     weight = merge_late(&theta, &mut local, rep.tokens, &late);
                 }
-                let (body, sent) = if self.lowrank > 0 {
-                    let d: Vec<f32> = theta.iter().zip(&local).map(|(a, b)| a - b).collect();
-                    let seed = self.seed ^ (done as u64) << 8 ^ i as u64;
-                    self.encode_lowrank(d, codec, ef, seed, &mut warm[i])?
-                } else {
-                    let (enc, sent) = encode_delta(&theta, &local, codec, &self.shapes, ef)?;
-                    (enc.body.len(), sent)
-                };
+                let (enc, sent) = encode_delta(&theta, &local, codec, &self.shapes, ef)?;
+                let body = enc.body.len();
                 if self.no_feedback {
                     ef.residual.clear();
                 }
@@ -631,18 +571,7 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     };
     let diloco = |k: usize, h: u32, codec: DeltaCodec, drop: f64, suffix: String| {
         (
-            format!(
-                "diloco k={k} h={h}{early}{}{suffix}",
-                if a.lowrank > 0 {
-                    format!(
-                        " lowrank:{}{}",
-                        a.lowrank,
-                        if a.lowrank_warm { "w" } else { "" }
-                    )
-                } else {
-                    String::new()
-                }
-            ),
+            format!("diloco k={k} h={h}{early}{suffix}"),
             Kind::Diloco { k, h, codec, drop },
         )
     };
@@ -716,6 +645,12 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     if !(0.0..=1.0).contains(&a.final_lr_frac) {
         bail!("--final-lr-frac must be in [0, 1]");
     }
+    if !(a.inner_beta2 > 0.0 && a.inner_beta2 < 1.0) {
+        bail!("--inner-beta2 must be in (0, 1)");
+    }
+    if !(a.inner_eps > 0.0 && a.inner_eps.is_finite()) {
+        bail!("--inner-eps must be positive");
+    }
     let mut setup = Setup::new(&a.recipe, a.val_batches)?;
     setup.carry_dropped = a.carry_dropped;
     setup.resend_dropped = a.resend_dropped;
@@ -724,9 +659,9 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.inner.clip_global = a.clip == "global";
     setup.inner.threads = a.threads as usize;
     setup.cosine = a.inner_schedule == "cosine";
+    setup.inner.beta2 = a.inner_beta2;
+    setup.inner.epsilon = a.inner_eps;
     setup.missing = a.missing;
-    setup.lowrank = a.lowrank;
-    setup.lowrank_warm = a.lowrank_warm;
     setup.partial_shrink = a.partial_shrink;
     setup.inner.final_lr_frac = a.final_lr_frac;
     if a.early_rounds > 0 && a.early_inner_steps == 0 {
@@ -907,13 +842,20 @@ mod tests {
         assert_eq!(frozen.curve.first().unwrap().1, frozen.final_val_loss);
 
         // Low-rank deltas (rank 2 of the tiny model's 32-wide matrices) are smaller and still train.
-        let mut s = s;
-        s.lowrank = 2;
-        let low = s.run_diloco("l", 2, 5, recipe.codec, 0.0, 20).unwrap();
+        let low = s
+            .run_diloco(
+                "l",
+                2,
+                5,
+                DeltaCodec::LowRank { rank: 2, block: 64 },
+                0.0,
+                20,
+            )
+            .unwrap();
         assert!(low.bytes_per_node_per_round < dense_bytes / 2);
         assert!(low.final_val_loss < low.curve[0].1 - 0.2, "{:?}", low.curve);
         // Shrinking short rounds keeps a dropping swarm training.
-        s.lowrank = 0;
+        let mut s = s;
         s.partial_shrink = Shrink::Auto;
         let shrunk = s.run_diloco("s", 3, 5, recipe.codec, 0.5, 20).unwrap();
         assert!(
