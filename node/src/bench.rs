@@ -820,6 +820,7 @@ mod tests {
             batch_size: 8,
             inner_lr: 3e-3,
             warmup_steps: 2,
+            weight_decay: 0.1,
             outer_lr: 0.7,
             outer_momentum: 0.9,
             deadline_secs: 60,

@@ -83,6 +83,9 @@ pub struct SwarmFlags {
     pub inner_lr: f32,
     #[arg(long, default_value_t = 50)]
     pub warmup_steps: u32,
+    /// AdamW's decoupled weight decay in the inner steps (the recipe's 0.1).
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f32,
     /// Outer Nesterov learning rate (tuned at H = 50; shorter rounds want a smaller outer step:
     /// at H = 10, 0.5 with momentum 0.8, or 0.7 with momentum 0.6; BENCHMARKS.md).
     #[arg(long, default_value_t = 0.7)]
@@ -109,6 +112,7 @@ impl SwarmFlags {
             batch_size: self.batch_size,
             inner_lr: self.inner_lr,
             warmup_steps: self.warmup_steps,
+            weight_decay: self.weight_decay,
             outer_lr: self.outer_lr,
             outer_momentum: self.outer_momentum,
             codec: self.codec,
