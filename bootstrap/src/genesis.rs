@@ -28,9 +28,11 @@ pub enum GenesisError {
         got: String,
         expected: String,
     },
-    #[error("corpus: {0}")]
+    // Transparent: the inner messages say "corpus" and "manifest" themselves, and a wrapping
+    // message with `{0}` would print twice through anyhow's `{:#}` (once more as the source).
+    #[error(transparent)]
     Corpus(#[from] nightshift_model::DataError),
-    #[error("manifest: {0}")]
+    #[error(transparent)]
     Manifest(#[from] nightshift_protocol::ManifestError),
     #[error("the manifest's model does not fit the model code: {0}")]
     Model(String),
