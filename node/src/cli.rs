@@ -325,15 +325,14 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Swarm(SwarmCommand::Init(a)) => {
-            let key = match &a.key {
-                Some(p) => read_key(p)?,
-                None => {
-                    let p = a.out.with_extension("creator.key.json");
-                    let k = generate_key()?;
-                    write_key(&p, &k)?;
-                    eprintln!("wrote the creator key to {}", p.display());
-                    k
-                }
+            // A new key is written only once the manifest it signs is known to be valid, so a
+            // refused setting leaves no file behind.
+            let (key, new_key) = match &a.key {
+                Some(p) => (read_key(p)?, None),
+                None => (
+                    generate_key()?,
+                    Some(a.out.with_extension("creator.key.json")),
+                ),
             };
             let allow = a
                 .allow
@@ -341,6 +340,10 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
                 .map(|s| parse_public_key(s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let m = build_manifest(&a.swarm.settings(&a.name, allow), &key, unix_now())?;
+            if let Some(p) = new_key {
+                write_key(&p, &key)?;
+                eprintln!("wrote the creator key to {}", p.display());
+            }
             std::fs::write(&a.out, serde_json::to_string_pretty(&m)?)
                 .with_context(|| format!("cannot write {}", a.out.display()))?;
             println!("swarm id: {}", m.swarm_id());

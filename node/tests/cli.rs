@@ -64,6 +64,26 @@ fn swarm_init_writes_a_manifest_that_a_bad_flag_cannot_produce() {
     ]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown codec"));
+    // A setting the manifest refuses: a clear reason, said once, and no key or manifest left.
+    let refused = nightshift(&[
+        "swarm",
+        "init",
+        "--out",
+        dir.path().join("y.json").to_str().unwrap(),
+        "--preset",
+        "tiny",
+        "--weight-decay",
+        "nan",
+    ]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(
+        err.matches("optimiser settings must be finite").count(),
+        1,
+        "{err}"
+    );
+    assert!(!dir.path().join("y.json").exists());
+    assert!(!dir.path().join("y.creator.key.json").exists(), "{err}");
     let missing = nightshift(&[
         "run",
         "--bootstrap",
