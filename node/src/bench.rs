@@ -91,6 +91,12 @@ pub struct ConvergenceArgs {
     /// newer delta waits. Measured worse than losing it (BENCHMARKS.md); nodes do not resend.
     #[arg(long, conflicts_with = "carry_dropped")]
     pub resend_dropped: bool,
+    /// A round that gathered fewer than this many contributions is not applied: θ stays where
+    /// it is, every worker trains on from its own parameters, and its next delta (against the
+    /// same θ) carries both rounds' work with both rounds' tokens. The last round is always
+    /// applied. 0 applies every round, an empty one losing its work (what nodes do).
+    #[arg(long, default_value_t = 0, conflicts_with_all = ["carry_dropped", "resend_dropped"])]
+    pub quorum: usize,
     /// Lossy codecs without error feedback: what a delta's encoding could not carry is
     /// dropped instead of added to the next delta (nodes always feed it back).
     #[arg(long)]
@@ -207,6 +213,8 @@ pub struct Setup {
     pub partial_shrink: Shrink,
     /// Short rounds first: (rounds, inner steps of each); see `--early-rounds`.
     pub early: (u32, u32),
+    /// Rounds with fewer contributions are not applied (see `--quorum`).
+    pub quorum: usize,
 }
 
 /// `--missing`: what stands in for a contribution that did not arrive.
@@ -297,6 +305,7 @@ impl Setup {
             missing: Missing::Counted,
             partial_shrink: Shrink::Fixed(0.0),
             early: (0, 0),
+            quorum: 0,
         })
     }
 
@@ -414,6 +423,9 @@ impl Setup {
         let (mut done, mut train_secs, mut bytes, mut sends, mut tokens) =
             (0u32, 0.0, 0u64, 0u64, 0u64);
         let mut round = 0u32;
+        // Tokens each worker trained on since it last started from θ (more than one round's
+        // when a round fell short of the quorum).
+        let mut since = vec![0u64; k];
         while done < steps {
             let len = if round < self.early.0 {
                 self.early.1
@@ -424,14 +436,20 @@ impl Setup {
             let n = len.min(steps - done);
             let mut collected = BTreeMap::new();
             let mut round_tokens = 0u64;
+            // Each worker's error feedback before this round, restored if the round is not applied.
+            let mut ef_before = Vec::new();
             for (i, (t, rng, shard, ef)) in workers.iter_mut().enumerate() {
                 let t0 = Instant::now();
                 let rep = t.train(&self.corpus, shard, rng, n, &|| false);
                 train_secs += t0.elapsed().as_secs_f64();
                 tokens += rep.tokens;
-                round_tokens += rep.tokens;
+                since[i] += rep.tokens;
+                round_tokens += since[i];
                 let mut local = t.params();
-                let mut weight = rep.tokens;
+                let mut weight = since[i];
+                if self.quorum > 0 {
+                    ef_before.push(ef.clone());
+                }
                 if let Some(late) = pending[i].take() {
                     weight = merge_late(&theta, &mut local, rep.tokens, &late);
                 }
@@ -471,6 +489,18 @@ impl Setup {
                     );
                 }
             }
+            if collected.len() < self.quorum && done + n < steps {
+                // Short of the quorum: nothing moves, nothing is lost; the workers train on.
+                tracing::debug!(round, arrived = collected.len(), "round below quorum");
+                for ((.., ef), before) in workers.iter_mut().zip(ef_before) {
+                    *ef = before;
+                }
+                done += n;
+                let last = curve.last().map_or(f32::NAN, |c| c.1);
+                curve.push((done, last));
+                continue;
+            }
+            since.iter_mut().for_each(|s| *s = 0);
             let avg = aggregate(&collected);
             let r = match self.partial_shrink {
                 Shrink::Fixed(r) => r,
@@ -600,6 +630,9 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
             if a.partial_shrink != Shrink::Fixed(0.0) {
                 how += &format!(" shrink={}", a.partial_shrink);
             }
+            if a.quorum > 0 {
+                how += &format!(" quorum={}", a.quorum);
+            }
             p.push(diloco(bk, bh, a.recipe.codec, d, format!(" drop={d}{how}")));
         }
     }
@@ -663,6 +696,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.inner.epsilon = a.inner_eps;
     setup.missing = a.missing;
     setup.partial_shrink = a.partial_shrink;
+    setup.quorum = a.quorum;
     setup.inner.final_lr_frac = a.final_lr_frac;
     if a.early_rounds > 0 && a.early_inner_steps == 0 {
         bail!("--early-inner-steps must be positive");
@@ -878,6 +912,22 @@ mod tests {
             resent.curve, dropped.curve,
             "the resent work changed nothing"
         );
+        // A quorum holds back short rounds (the curve stands still on them) and still trains;
+        // with every contribution arriving it changes nothing.
+        s.resend_dropped = false;
+        s.quorum = 2;
+        let held = s.run_diloco("q", 3, 5, recipe.codec, 0.5, 20).unwrap();
+        assert!(
+            held.final_val_loss < held.curve[0].1 - 0.2,
+            "{:?}",
+            held.curve
+        );
+        assert_ne!(held.curve, dropped.curve, "the quorum changed nothing");
+        s.quorum = 3;
+        let full = s.run_diloco("f", 3, 5, recipe.codec, 0.0, 10).unwrap();
+        s.quorum = 0;
+        let plain = s.run_diloco("p", 3, 5, recipe.codec, 0.0, 10).unwrap();
+        assert_eq!(full.curve, plain.curve);
     }
 
     #[test]
