@@ -17,7 +17,7 @@ use nightshift_model::{
 use nightshift_protocol::{DeltaCodec, delta};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -33,6 +33,21 @@ pub enum BenchCommand {
     Convergence(ConvergenceArgs),
     /// Idle windows: a churning pool against stable swarms (time to target, yields, joins).
     Churn(crate::churn::ChurnArgs),
+    /// Reads the `--json` files of earlier `bench convergence` runs (a grid split over several
+    /// processes, say) and prints them as one table with the comparisons, optionally plotting
+    /// every curve on one chart.
+    Report(ReportArgs),
+}
+
+/// Flags of `nightshift bench report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// JSON files written by `bench convergence --json`.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Write every run's loss curve to one chart (SVG).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 /// Flags of `nightshift bench convergence`. The recipe flags (`--preset`, `--inner-lr`, `--codec`,
@@ -156,7 +171,7 @@ pub struct ConvergenceArgs {
 }
 
 /// One run's outcome.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunResult {
     pub name: String,
     pub k: usize,
@@ -712,10 +727,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
         setup.inner.batch_size,
         setup.cfg.seq_len
     );
-    println!(
-        "{:<34} {:>9} {:>10} {:>13} {:>10} {:>8}",
-        "run", "val loss", "tokens", "B/node/round", "tokens/s", "secs"
-    );
+    print_header();
     let mut results: Vec<RunResult> = vec![];
     for (name, kind) in runs {
         let r = match kind {
@@ -724,72 +736,188 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
                 setup.run_diloco(&name, k, h, codec, drop, a.steps)?
             }
         };
-        println!(
-            "{:<34} {:>9.4} {:>10} {:>13} {:>10.0} {:>8.1}",
-            r.name,
-            r.final_val_loss,
-            r.tokens,
-            r.bytes_per_node_per_round,
-            r.tokens_per_sec,
-            r.wall_secs
-        );
+        print_row(&r);
         results.push(r);
         if let Some(p) = &a.json {
             std::fs::write(p, serde_json::to_string_pretty(&results)?)
                 .with_context(|| format!("cannot write {}", p.display()))?;
         }
     }
-    summarize(&results, a.steps);
+    println!();
+    for line in comparisons(&results) {
+        println!("  {line}");
+    }
     if let Some(p) = &a.plot {
-        let series: Vec<Series> = results
-            .iter()
-            .map(|r| Series {
-                name: r.name.clone(),
-                points: r
-                    .curve
-                    .iter()
-                    .map(|(s, l)| (*s as f64, *l as f64))
-                    .collect(),
-            })
-            .collect();
-        std::fs::write(
-            p,
-            line_chart(
-                "validation loss against per-worker steps",
-                "per-worker steps",
-                &series,
-            ),
-        )
-        .with_context(|| format!("cannot write {}", p.display()))?;
+        write_plot(&results, p)?;
     }
     Ok(results)
 }
 
-fn summarize(results: &[RunResult], t: u32) {
-    let find = |prefix: &str| results.iter().find(|r| r.name.starts_with(prefix));
+/// `nightshift bench report`: earlier runs' JSON files as one table.
+///
+/// # Errors
+/// When a file cannot be read or is not a list of runs, or the plot cannot be written.
+pub fn run_report(a: ReportArgs) -> anyhow::Result<Vec<RunResult>> {
+    let mut results: Vec<RunResult> = vec![];
+    for f in &a.files {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
+        let runs: Vec<RunResult> = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} is not the JSON of `bench convergence --json`",
+                f.display()
+            )
+        })?;
+        results.extend(runs);
+    }
+    print_header();
+    for r in &results {
+        print_row(r);
+    }
     println!();
-    if let Some(single) = find(&format!("single T={t}")) {
-        for r in results
+    for line in comparisons(&results) {
+        println!("  {line}");
+    }
+    if let Some(p) = &a.plot {
+        write_plot(&results, p)?;
+    }
+    Ok(results)
+}
+
+fn print_header() {
+    println!(
+        "{:<34} {:>9} {:>10} {:>13} {:>10} {:>8}",
+        "run", "val loss", "tokens", "B/node/round", "tokens/s", "secs"
+    );
+}
+
+fn print_row(r: &RunResult) {
+    println!(
+        "{:<34} {:>9.4} {:>10} {:>13} {:>10.0} {:>8.1}",
+        r.name,
+        r.final_val_loss,
+        r.tokens,
+        r.bytes_per_node_per_round,
+        r.tokens_per_sec,
+        r.wall_secs
+    );
+}
+
+fn write_plot(results: &[RunResult], p: &std::path::Path) -> anyhow::Result<()> {
+    let series: Vec<Series> = results
+        .iter()
+        .map(|r| Series {
+            name: r.name.clone(),
+            points: r
+                .curve
+                .iter()
+                .map(|(s, l)| (*s as f64, *l as f64))
+                .collect(),
+        })
+        .collect();
+    std::fs::write(
+        p,
+        line_chart(
+            "validation loss against per-worker steps",
+            "per-worker steps",
+            &series,
+        ),
+    )
+    .with_context(|| format!("cannot write {}", p.display()))
+}
+
+/// What the targets compare, one line each: every DiLoCo and sync run against the
+/// single worker of the same per-worker budget (the step at which it reached that worker's final
+/// loss) and against sync of the same budget (final-loss ratio); every lossy codec against fp32
+/// DiLoCo of the same K and H (final loss, bytes); every run with drops against the same K, H and
+/// codec without them. When several runs qualify as the reference, the first is used.
+pub fn comparisons(results: &[RunResult]) -> Vec<String> {
+    let mut out = vec![];
+    let is_diloco = |r: &&RunResult| r.name.starts_with("diloco");
+    let single = |t: u32| {
+        results
             .iter()
-            .filter(|r| r.name.starts_with("diloco") || r.name.starts_with("sync"))
-        {
-            if let Some(s) = r.steps_to(single.final_val_loss) {
-                println!(
-                    "  {:<34} reached single's final loss ({:.4}) after {s} of {t} per-worker steps",
-                    r.name, single.final_val_loss
-                );
+            .find(|r| r.name.starts_with("single") && r.k == 1 && r.per_worker_steps == t)
+    };
+    let sync = |t: u32| {
+        results
+            .iter()
+            .find(|r| r.name.starts_with("sync") && r.per_worker_steps == t)
+    };
+    for r in results
+        .iter()
+        .filter(|r| r.name.starts_with("diloco") || r.name.starts_with("sync"))
+    {
+        if let Some(s) = single(r.per_worker_steps) {
+            let t = r.per_worker_steps;
+            match r.steps_to(s.final_val_loss) {
+                Some(n) => out.push(format!(
+                    "{:<34} reached single's final loss ({:.4}) after {n} of {t} per-worker steps",
+                    r.name, s.final_val_loss
+                )),
+                None => out.push(format!(
+                    "{:<34} never reached single's final loss ({:.4}) in {t} per-worker steps",
+                    r.name, s.final_val_loss
+                )),
             }
         }
     }
-    if let Some(sync) = find("sync") {
-        for r in results.iter().filter(|r| r.name.starts_with("diloco")) {
-            println!(
-                "  {:<34} final loss {:.4}x sync's",
+    for r in results.iter().filter(is_diloco) {
+        if let Some(s) = single(r.k as u32 * r.per_worker_steps).filter(|_| r.k > 1) {
+            out.push(format!(
+                "{:<34} final loss {:.4}x one worker's over the same tokens ({} steps)",
                 r.name,
-                r.final_val_loss / sync.final_val_loss
-            );
+                r.final_val_loss / s.final_val_loss,
+                s.per_worker_steps
+            ));
         }
     }
+    for r in results.iter().filter(is_diloco) {
+        if let Some(s) = sync(r.per_worker_steps) {
+            out.push(format!(
+                "{:<34} final loss {:.4}x sync's",
+                r.name,
+                r.final_val_loss / s.final_val_loss
+            ));
+        }
+    }
+    for r in results
+        .iter()
+        .filter(is_diloco)
+        .filter(|r| r.drop == 0.0 && r.codec != "fp32")
+    {
+        let fp32 = results.iter().filter(is_diloco).find(|b| {
+            b.codec == "fp32"
+                && b.drop == 0.0
+                && (b.k, b.h) == (r.k, r.h)
+                && b.per_worker_steps == r.per_worker_steps
+        });
+        if let Some(b) = fp32 {
+            out.push(format!(
+                "{:<34} final loss {:+.2} % against fp32, {:.1}x fewer bytes per round",
+                r.name,
+                100.0 * (r.final_val_loss / b.final_val_loss - 1.0),
+                b.bytes_per_node_per_round as f64 / r.bytes_per_node_per_round.max(1) as f64
+            ));
+        }
+    }
+    for r in results.iter().filter(is_diloco).filter(|r| r.drop > 0.0) {
+        let whole = results.iter().filter(is_diloco).find(|b| {
+            b.drop == 0.0
+                && (b.k, b.h) == (r.k, r.h)
+                && b.codec == r.codec
+                && b.per_worker_steps == r.per_worker_steps
+        });
+        if let Some(b) = whole {
+            out.push(format!(
+                "{:<34} final loss {:+.2} % against no drops ({:.4})",
+                r.name,
+                100.0 * (r.final_val_loss / b.final_val_loss - 1.0),
+                b.final_val_loss
+            ));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -928,6 +1056,105 @@ mod tests {
         s.quorum = 0;
         let plain = s.run_diloco("p", 3, 5, recipe.codec, 0.0, 10).unwrap();
         assert_eq!(full.curve, plain.curve);
+    }
+
+    fn run(name: &str, k: usize, codec: &str, drop: f64, steps: u32, curve: &[f32]) -> RunResult {
+        let every = steps / (curve.len() as u32 - 1);
+        RunResult {
+            name: name.into(),
+            k,
+            h: 50,
+            codec: codec.into(),
+            drop,
+            final_val_loss: *curve.last().unwrap(),
+            tokens: 0,
+            per_worker_steps: steps,
+            bytes_per_node_per_round: if codec == "fp32" { 1000 } else { 125 },
+            total_bytes: 0,
+            curve: curve
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (i as u32 * every, *l))
+                .collect(),
+            tokens_per_sec: 0.0,
+            wall_secs: 0.0,
+        }
+    }
+
+    #[test]
+    fn report_compares_each_run_with_its_own_baseline() {
+        let results = [
+            run("single T=100", 1, "-", 0.0, 100, &[4.0, 3.0, 2.0]),
+            run("single 4T", 1, "-", 0.0, 400, &[4.0, 2.0, 1.5]),
+            run(
+                "sync k=4",
+                4,
+                "fp32 (gradients)",
+                0.0,
+                100,
+                &[4.0, 2.0, 1.6],
+            ),
+            run(
+                "diloco k=4 h=50 fp32",
+                4,
+                "fp32",
+                0.0,
+                100,
+                &[4.0, 2.5, 1.8],
+            ),
+            run(
+                "diloco k=4 h=50 int4:64",
+                4,
+                "int4:64",
+                0.0,
+                100,
+                &[4.0, 1.9, 1.818],
+            ),
+            run(
+                "diloco k=4 h=50 drop=0.5",
+                4,
+                "int4:64",
+                0.5,
+                100,
+                &[4.0, 2.1, 2.0907],
+            ),
+            // Another budget: no baseline of its own, so no comparison.
+            run("diloco k=2 h=50", 2, "fp32", 0.0, 300, &[4.0, 2.0, 1.7]),
+        ];
+        let lines = comparisons(&results);
+        let has = |run: &str, says: &str| {
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| l.split("  ").next() == Some(run) && l.contains(says)),
+                "no line for {run:?} saying {says:?} in {lines:#?}"
+            )
+        };
+        let reached = "reached single's final loss (2.0000) after";
+        has("diloco k=4 h=50 fp32", &format!("{reached} 100 of 100"));
+        has("diloco k=4 h=50 int4:64", &format!("{reached} 50 of 100"));
+        has("sync k=4", &format!("{reached} 50 of 100"));
+        has(
+            "diloco k=4 h=50 drop=0.5",
+            "never reached single's final loss",
+        );
+        has(
+            "diloco k=4 h=50 fp32",
+            "final loss 1.2000x one worker's over the same tokens (400 steps)",
+        );
+        has("diloco k=4 h=50 fp32", "final loss 1.1250x sync's");
+        has(
+            "diloco k=4 h=50 int4:64",
+            "final loss +1.00 % against fp32, 8.0x fewer bytes",
+        );
+        has(
+            "diloco k=4 h=50 drop=0.5",
+            "final loss +15.00 % against no drops (1.8180)",
+        );
+        assert!(
+            !lines.iter().any(|l| l.contains("k=2")),
+            "a run without a baseline was compared: {lines:#?}"
+        );
     }
 
     #[test]

@@ -375,6 +375,10 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             tokio::task::spawn_blocking(move || crate::bench::run_convergence(a)).await??;
             Ok(())
         }
+        Command::Bench(crate::bench::BenchCommand::Report(a)) => {
+            crate::bench::run_report(a)?;
+            Ok(())
+        }
         Command::Bench(crate::bench::BenchCommand::Churn(a)) => {
             crate::churn::run_churn(a).await?;
             Ok(())

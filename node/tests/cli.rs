@@ -184,3 +184,61 @@ fn bench_churn_reports_yields_joins_and_no_lost_rounds() {
     assert_eq!(churn["rounds_disagreeing"], 0);
     assert!(churn["curve"].as_array().unwrap().len() > 2);
 }
+
+#[test]
+fn bench_report_joins_runs_written_by_separate_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+    // A grid split over two processes, as on a machine with two cores.
+    for (runs, json) in [("single,sync", "base.json"), ("diloco", "diloco.json")] {
+        let o = nightshift(&[
+            "bench",
+            "convergence",
+            "--preset",
+            "tiny",
+            "--steps",
+            "20",
+            "--inner-steps",
+            "10",
+            "--val-batches",
+            "2",
+            "--runs",
+            runs,
+            "--k",
+            "2",
+            "--h",
+            "10",
+            "--json",
+            &path(json),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = nightshift(&[
+        "bench",
+        "report",
+        &path("base.json"),
+        &path("diloco.json"),
+        "--plot",
+        &path("all.svg"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for run in ["single T=20", "sync k=4", "diloco k=2 h=10"] {
+        assert!(text.contains(run), "no {run} in:\n{text}");
+    }
+    // The comparison needs both files: DiLoCo from one, sync from the other.
+    assert!(text.contains("x sync's"), "{text}");
+    let svg = std::fs::read_to_string(path("all.svg")).unwrap();
+    assert!(svg.contains("diloco k=2 h=10") && svg.contains("sync k=4"));
+
+    std::fs::write(path("bad.json"), "{\"not\": \"runs\"}").unwrap();
+    for (file, says) in [
+        ("missing.json", "cannot read"),
+        ("bad.json", "is not the JSON of `bench convergence --json`"),
+    ] {
+        let o = nightshift(&["bench", "report", &path(file)]);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{file}: {err}");
+    }
+}
