@@ -137,6 +137,7 @@ pub fn genesis_state(m: &Manifest) -> StateSnapshot {
         params,
         momentum,
         formed_by: vec![],
+        noise: None,
     }
 }
 

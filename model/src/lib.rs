@@ -21,6 +21,6 @@ pub use data::{Corpus, DataError, Shard, Tokenizer};
 pub use gpt::{Gpt, GptConfig};
 pub use inner::{InnerConfig, InnerReport, InnerTrainer};
 pub use outer::{
-    ErrorFeedback, OuterOptimizer, WeightedDelta, noise_ratio, partial_round_scale,
+    ErrorFeedback, OuterOptimizer, WeightedDelta, noise_ratio, partial_round_scale, update_noise,
     weighted_average,
 };

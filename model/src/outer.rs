@@ -52,6 +52,18 @@ pub fn noise_ratio(deltas: &[&[f32]]) -> Option<f64> {
     (signal > 0.0).then(|| var / signal)
 }
 
+/// The running noise ratio after a round: a running mean (0.7 of the old value, 0.3 of the new)
+/// of [`noise_ratio`] over the rounds where two or more contributions arrived; unchanged by a
+/// round that cannot tell (fewer than two, or no signal above the spread). A non-finite or
+/// negative old value counts as none.
+pub fn update_noise(prev: Option<f64>, deltas: &[&[f32]]) -> Option<f64> {
+    let prev = prev.filter(|r| r.is_finite() && *r >= 0.0);
+    match noise_ratio(deltas) {
+        Some(r) => Some(prev.map_or(r, |m| 0.7 * m + 0.3 * r)),
+        None => prev,
+    }
+}
+
 /// The factor a round's averaged delta is scaled by when fewer contributions arrived than were
 /// planned: the shrinkage that minimises the expected squared error of an average of `arrived`
 /// noisy contributions, `1 / (1 + r/arrived)`, relative to that of a full round of `planned`
@@ -184,6 +196,23 @@ mod tests {
         let r = noise_ratio(&[&c3, &c4]).unwrap(); // var 0.5, signal 4 - 0.25
         assert!((r - 0.5 / 3.75).abs() < 1e-9, "{r}");
         assert!(noise_ratio(&[&g]).is_none());
+    }
+
+    #[test]
+    fn the_running_noise_ratio_moves_only_on_rounds_that_can_tell() {
+        let c3 = [2.0f32, 0.5, 0.0, 0.0];
+        let c4 = [2.0f32, -0.5, 0.0, 0.0];
+        let r = 0.5 / 3.75;
+        // The first estimate is taken as it is, later ones blend in at 0.3.
+        assert_eq!(update_noise(None, &[&c3, &c4]), Some(r));
+        let next = update_noise(Some(1.0), &[&c3, &c4]).unwrap();
+        assert!((next - (0.7 + 0.3 * r)).abs() < 1e-12, "{next}");
+        // One contribution says nothing about the spread: the old value stays.
+        assert_eq!(update_noise(Some(1.0), &[&c3]), Some(1.0));
+        assert_eq!(update_noise(None, &[&c3]), None);
+        // A value that could only come from a bad state is dropped, not propagated.
+        assert_eq!(update_noise(Some(f64::NAN), &[&c3]), None);
+        assert_eq!(update_noise(Some(-1.0), &[&c3, &c4]), Some(r));
     }
 
     #[test]

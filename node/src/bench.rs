@@ -12,7 +12,7 @@ use clap::{Args, Subcommand};
 use nightshift_model::backend::{CpuTrain, cpu_device};
 use nightshift_model::{
     Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer,
-    eval, flat, noise_ratio, partial_round_scale,
+    eval, flat, partial_round_scale,
 };
 use nightshift_protocol::{DeltaCodec, delta};
 use rand::{Rng, SeedableRng};
@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use crate::cli::SwarmFlags;
 use crate::plot::{Series, line_chart};
-use crate::round::accept::{Accepted, Late, aggregate, encode_delta, merge_late};
+use crate::round::accept::{Accepted, Late, aggregate, encode_delta, merge_late, round_step};
 
 /// `nightshift bench ...`
 #[derive(Subcommand, Debug)]
@@ -145,10 +145,10 @@ pub struct ConvergenceArgs {
     pub missing: Missing,
     /// Shrink the step of a round that lost contributions: by `(1 + r/K) / (1 + r/n)` for `n` of
     /// `K` contributions arrived (a full round is unchanged), `r` being the noise ratio of one
-    /// contribution (spread around the mean over the mean's signal). A number fixes `r`; `auto`
+    /// contribution (spread around the mean over the mean's signal). `auto` (what nodes do)
     /// estimates it from the rounds where two or more contributions arrived (a running mean);
-    /// `0` is off (what nodes do).
-    #[arg(long, default_value = "0")]
+    /// a number fixes `r`; `0` is off (what nodes did before).
+    #[arg(long, default_value = "auto")]
     pub partial_shrink: Shrink,
     /// Where the cosine schedule ends, as a fraction of the inner learning rate.
     #[arg(long, default_value_t = 0.1)]
@@ -318,7 +318,7 @@ impl Setup {
             contiguous_shards: true,
             cosine: false,
             missing: Missing::Counted,
-            partial_shrink: Shrink::Fixed(0.0),
+            partial_shrink: Shrink::Auto,
             early: (0, 0),
             quorum: 0,
         })
@@ -500,6 +500,7 @@ impl Setup {
                             tokens: weight,
                             train_loss: rep.mean_loss,
                             delta: sent,
+                            expected: k as u32,
                         },
                     );
                 }
@@ -517,22 +518,20 @@ impl Setup {
             }
             since.iter_mut().for_each(|s| *s = 0);
             let avg = aggregate(&collected);
-            let r = match self.partial_shrink {
-                Shrink::Fixed(r) => r,
-                Shrink::Auto => {
-                    let deltas: Vec<&[f32]> =
-                        collected.values().map(|a| a.delta.as_slice()).collect();
-                    if let Some(r) = noise_ratio(&deltas) {
-                        tracing::debug!(round, arrived = collected.len(), r, "noise ratio");
-                        noise = Some(noise.map_or(r, |m: f64| 0.7 * m + 0.3 * r));
-                    }
-                    noise.unwrap_or(0.0)
-                }
-            };
             let arrived: u64 = collected.values().map(|a| a.tokens).sum();
             let full = round_tokens as f64 / k as f64;
             let n_eff = arrived as f64 / full.max(1.0);
-            let scale = partial_round_scale(r, k as f64, n_eff);
+            // `auto` is the nodes' own step (`round_step`); a fixed ratio is an experiment.
+            let (r, scale, shared) = match self.partial_shrink {
+                Shrink::Fixed(r) => (r, partial_round_scale(r, k as f64, n_eff), None),
+                Shrink::Auto => match round_step(&collected, noise) {
+                    Some(s) => {
+                        noise = s.noise;
+                        (noise.unwrap_or(0.0), s.scale, Some(s.delta))
+                    }
+                    None => (noise.unwrap_or(0.0), 1.0, None),
+                },
+            };
             let step = if self.missing == Missing::Ema && n_eff < k as f64 {
                 // s·avg + (1 − s)·(1 − μ)·b, s the arrivals' share (or the shrinkage factor).
                 let s = if r > 0.0 {
@@ -554,6 +553,8 @@ impl Setup {
                 let mut step = avg.unwrap_or_else(|| vec![0.0; theta.len()]);
                 step.iter_mut().for_each(|v| *v *= share);
                 Some(step)
+            } else if shared.is_some() {
+                shared
             } else {
                 avg.map(|mut a: Vec<f32>| {
                     if scale < 1.0 {
@@ -642,7 +643,7 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
                 (false, Missing::Ema) => " missing=ema".to_string(),
                 (false, Missing::Counted) => String::new(),
             };
-            if a.partial_shrink != Shrink::Fixed(0.0) {
+            if a.partial_shrink != Shrink::Auto {
                 how += &format!(" shrink={}", a.partial_shrink);
             }
             if a.quorum > 0 {
@@ -962,6 +963,7 @@ mod tests {
                         tokens: 100,
                         train_loss: 0.0,
                         delta: sent,
+                        expected: k as u32,
                     },
                 );
             }

@@ -80,6 +80,16 @@ pub struct RoundRecord {
     pub val_loss: f32,
     pub train_loss: f32,
     pub contributors: usize,
+    /// Contributions the round planned for (the median of what they expected); a round with
+    /// fewer took a smaller step.
+    #[serde(default)]
+    pub planned: u32,
+    /// The factor the round's mean delta was scaled by (1 for a full round).
+    #[serde(default = "one")]
+    pub step_scale: f32,
+    /// The swarm's running noise ratio of one contribution after the round, if known.
+    #[serde(default)]
+    pub noise_ratio: Option<f64>,
     /// Tokens behind each averaged contribution (the weights), by sender (first 6 bytes, hex).
     #[serde(default)]
     pub weights: Vec<(String, u64)>,
@@ -100,6 +110,10 @@ pub struct RoundRecord {
     pub transfer_secs: f64,
     pub wait_secs: f64,
     pub round_secs: f64,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// Appends events to a file (or nowhere).

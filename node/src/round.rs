@@ -27,7 +27,7 @@ use libp2p::{Multiaddr, PeerId};
 use nightshift_model::{
     Corpus, ErrorFeedback, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer, eval,
 };
-use nightshift_protocol::message::{MAX_CHUNK_BYTES, Phase, sign_window};
+use nightshift_protocol::message::{MAX_CHUNK_BYTES, MAX_EXPECTED, Phase, sign_window};
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{
     Contribution, Hash32, NodeRole, PayloadKind, Request, Response, SignedEnvelope, SignedManifest,
@@ -47,7 +47,7 @@ use crate::events::{EventSink, NodeEvent, RoundRecord};
 use crate::idle::Availability;
 use crate::net::{self, NetEvent, NetHandle, Served};
 use crate::store::Store;
-use accept::{Accepted, RoundContext, accept, aggregate, choose_canonical};
+use accept::{Accepted, RoundContext, accept, choose_canonical, round_step};
 
 /// How long a node waits for peers still finishing the previous round before it starts the next.
 const ALIGN_WAIT_SECS: u64 = 10;
@@ -1027,11 +1027,22 @@ impl<B: AutodiffBackend> Driver<B> {
             Err(e) => return Err(e).context("our own delta cannot be encoded"),
         };
         let wire_delta_bytes = enc.body.len() as u64;
+        // The round's plan as this node sees it: the trainers working on it, itself included.
+        let expected = 1 + self
+            .trainer_peers()
+            .iter()
+            .filter(|(_, s)| {
+                s.round == r
+                    && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting)
+            })
+            .count() as u32;
+        let expected = expected.min(MAX_EXPECTED);
         let contribution = Contribution {
             tokens: report.tokens,
             inner_steps: report.steps,
             train_loss: report.mean_loss,
             delta: enc,
+            expected,
         };
         let header = EnvelopeHeader {
             kind: PayloadKind::Contribution,
@@ -1051,6 +1062,7 @@ impl<B: AutodiffBackend> Driver<B> {
                 tokens: report.tokens,
                 train_loss: report.mean_loss,
                 delta: sent,
+                expected,
             },
         );
         if let Ok(mut s) = self.net.served.write() {
@@ -1178,14 +1190,31 @@ impl<B: AutodiffBackend> Driver<B> {
         }
 
         // Outer step.
-        let avg = aggregate(&collected).context("nothing to average")?;
         let mut params = std::mem::take(&mut self.state.params);
         let mut outer = self.outer.clone();
-        let (params, outer) = tokio::task::spawn_blocking(move || {
-            outer.step(&mut params, &avg);
-            (params, outer)
+        let noise = self.state.noise;
+        let round_set = std::mem::take(&mut collected);
+        let (params, outer, step, collected) = tokio::task::spawn_blocking(move || {
+            let step = round_step(&round_set, noise);
+            if let Some(s) = &step {
+                outer.step(&mut params, &s.delta);
+            }
+            (params, outer, step, round_set)
         })
         .await?;
+        let Some(step) = step else {
+            self.state.params = params;
+            bail!("nothing to average");
+        };
+        if step.scale < 1.0 {
+            info!(
+                round = r,
+                arrived = collected.len(),
+                planned = step.planned,
+                scale = step.scale,
+                "short round: smaller step"
+            );
+        }
         self.outer = outer;
         let formed_by: Vec<[u8; 32]> = collected.keys().copied().collect();
         self.state = StateSnapshot {
@@ -1193,6 +1222,7 @@ impl<B: AutodiffBackend> Driver<B> {
             params,
             momentum: self.outer.buf.clone(),
             formed_by,
+            noise: step.noise,
         };
         let state = self.state.clone();
         let (hash, compute, val_loss) = {
@@ -1230,6 +1260,9 @@ impl<B: AutodiffBackend> Driver<B> {
             val_loss,
             train_loss: report.mean_loss,
             contributors: collected.len(),
+            planned: step.planned,
+            step_scale: step.scale,
+            noise_ratio: step.noise,
             weights: collected
                 .values()
                 .map(|a| (short(&a.sender), a.tokens))

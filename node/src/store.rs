@@ -270,6 +270,7 @@ mod tests {
             params: vec![1.0, 2.0],
             momentum: vec![0.5, 0.0],
             formed_by: vec![[1; 32]],
+            noise: Some(1.25),
         };
         {
             let store = Store::open(dir.path()).unwrap();
@@ -288,6 +289,7 @@ mod tests {
             params: vec![round as f32; 3],
             momentum: vec![0.0; 3],
             formed_by: vec![],
+            noise: None,
         }
     }
 

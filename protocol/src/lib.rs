@@ -22,8 +22,8 @@ pub use delta::{DeltaCodec, DeltaError, EncodedDelta};
 pub use hash::Hash32;
 pub use manifest::{Manifest, ManifestError, ModelSpec, SignedManifest, TrainingSpec};
 pub use message::{
-    Contribution, NodeRole, Request, Response, StateChunk, StateSnapshot, Status, WindowRecord,
-    WindowState,
+    Contribution, MAX_EXPECTED, NodeRole, Request, Response, StateChunk, StateSnapshot, Status,
+    WindowRecord, WindowState,
 };
 pub use signed::{Expectation, PayloadKind, SignedEnvelope, VerifyError};
 pub use wire::{DecodeError, WIRE_VERSION};

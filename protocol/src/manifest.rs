@@ -96,7 +96,7 @@ pub enum ManifestError {
 impl Manifest {
     fn signing_bytes(&self) -> Vec<u8> {
         let mut msg = MANIFEST_DOMAIN.to_vec();
-        msg.extend_from_slice(&wire::encode(self));
+        msg.extend_from_slice(&wire::encode_as(wire::MANIFEST_FRAME_VERSION, self));
         msg
     }
 
@@ -119,7 +119,7 @@ impl Manifest {
 impl SignedManifest {
     /// The swarm id: hash of the whole signed manifest.
     pub fn swarm_id(&self) -> Hash32 {
-        Hash32::of(&[&wire::encode(self)])
+        Hash32::of(&[&wire::encode_as(wire::MANIFEST_FRAME_VERSION, self)])
     }
 
     /// Checks the version, the creator's signature and basic consistency.

@@ -60,7 +60,14 @@ pub struct Contribution {
     pub train_loss: f32,
     /// The pseudo-gradient θ(round) − θ_i.
     pub delta: EncodedDelta,
+    /// How many contributions the sender expected this round, itself included: the trainers
+    /// it saw working on the round. A round that gathers fewer takes a smaller step (the
+    /// median of these over the round's contributions is the round's plan).
+    pub expected: u32,
 }
+
+/// Largest `expected` a contribution may claim.
+pub const MAX_EXPECTED: u32 = 4096;
 
 /// Everything needed to continue from round `round`: θ(round) and the outer momentum.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -70,12 +77,21 @@ pub struct StateSnapshot {
     pub momentum: Vec<f32>,
     /// Senders whose contributions formed this state.
     pub formed_by: Vec<[u8; 32]>,
+    /// The running noise ratio of one contribution (spread around the round's mean over the
+    /// mean's signal), which sizes the step of a round short of contributions; `None` until a
+    /// round with two or more contributions.
+    pub noise: Option<f64>,
 }
 
 impl StateSnapshot {
-    /// The state hash the swarm agrees on. Covers the round, θ and the outer momentum.
+    /// The state hash the swarm agrees on. Covers the round, θ, the outer momentum and the
+    /// noise ratio (a state without one hashes as [`state_hash`] of the first three).
     pub fn hash(&self) -> Hash32 {
-        state_hash(self.round, &self.params, &self.momentum)
+        let h = state_hash(self.round, &self.params, &self.momentum);
+        match self.noise {
+            None => h,
+            Some(r) => Hash32::of(&[STATE_DOMAIN, &h.0, b"noise", &r.to_bits().to_le_bytes()]),
+        }
     }
 }
 
@@ -261,6 +277,7 @@ mod tests {
             params: vec![1.0, 2.0],
             momentum: vec![0.0, 0.0],
             formed_by: vec![],
+            noise: None,
         };
         let mut t = s.clone();
         t.round = 2;
@@ -272,6 +289,13 @@ mod tests {
         let mut t = s.clone();
         t.formed_by.push([1; 32]);
         assert_eq!(s.hash(), t.hash());
+        // The noise ratio sizes later steps: it is state.
+        let mut t = s.clone();
+        t.noise = Some(0.5);
+        assert_ne!(s.hash(), t.hash());
+        let mut u = t.clone();
+        u.noise = Some(0.5000001);
+        assert_ne!(t.hash(), u.hash());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use thiserror::Error;
 use crate::MAX_MESSAGE_BYTES;
 
 /// Version byte at the start of every frame. Bump on any incompatible change.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 
 /// Why a frame could not be decoded.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -40,7 +40,17 @@ fn config() -> impl bincode::config::Config {
 
 /// Encodes `value` as a versioned frame.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut out = vec![WIRE_VERSION];
+    encode_as(WIRE_VERSION, value)
+}
+
+/// The frame version a manifest's signed bytes and swarm id are computed with. A manifest's
+/// layout is versioned by its own `MANIFEST_VERSION`, so bumping [`WIRE_VERSION`] for a message
+/// change must not change the id of every swarm or void its creator's signature.
+pub const MANIFEST_FRAME_VERSION: u8 = 1;
+
+/// Encodes `value` as a frame with the given version byte.
+pub fn encode_as<T: Serialize>(version: u8, value: &T) -> Vec<u8> {
+    let mut out = vec![version];
     // Serialising our own plain data types into a Vec cannot fail except on the size limit,
     // which only a caller building an absurd message can hit; report it as an empty body.
     match bincode::serde::encode_to_vec(value, config()) {

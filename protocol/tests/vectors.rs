@@ -33,6 +33,7 @@ fn signed_envelope_encoding_is_frozen() {
             len: 3,
             body: vec![1, 2, 3],
         },
+        expected: 4,
     };
     let h = EnvelopeHeader {
         kind: PayloadKind::Contribution,
@@ -63,6 +64,6 @@ fn int8_body_layout_is_frozen() {
     assert_eq!(out, vec![0.5, -0.5, 0.0, 64.0 * scale]);
 }
 const VECTOR_REQUEST: &str =
-    "0103fb2c010707070707070707070707070707070707070707070707070707070707070707";
+    "0203fb2c010707070707070707070707070707070707070707070707070707070707070707";
 const VECTOR_ENVELOPE_SHA256: &str =
-    "adde05b839e5149407ad2b58ad10bed4e0489fbfa7d4609957177d99c06f5f4e";
+    "2f333f0b540ec3cc1f5eb3512facad9d134e38945bd3013092fa51f20ed4c4de";

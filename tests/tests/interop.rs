@@ -124,6 +124,7 @@ fn signed_as(
         inner_steps: 1,
         train_loss: 1.0,
         delta: delta::encode(codec, values),
+        expected: 2,
     };
     let h = EnvelopeHeader {
         kind: PayloadKind::Contribution,

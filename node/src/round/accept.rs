@@ -1,10 +1,12 @@
 //! Pure round logic: accepting a contribution, aggregating a round, choosing the canonical state.
 //! No I/O, so every rule here is tested directly.
 
-use nightshift_model::{ErrorFeedback, WeightedDelta, weighted_average};
+use nightshift_model::{
+    ErrorFeedback, WeightedDelta, partial_round_scale, update_noise, weighted_average,
+};
 use nightshift_protocol::{
     Contribution, DecodeError, DeltaCodec, DeltaError, EncodedDelta, Expectation, Hash32,
-    PayloadKind, SignedEnvelope, VerifyError, delta, wire,
+    MAX_EXPECTED, PayloadKind, SignedEnvelope, VerifyError, delta, wire,
 };
 use std::collections::{BTreeMap, HashMap};
 use thiserror::Error;
@@ -16,6 +18,8 @@ pub struct Accepted {
     pub tokens: u64,
     pub train_loss: f32,
     pub delta: Vec<f32>,
+    /// How many contributions its sender expected this round (itself included).
+    pub expected: u32,
 }
 
 /// What a contribution for one round must match.
@@ -55,6 +59,8 @@ pub enum Refusal {
     TooManyTokens { got: u64, max: u64 },
     #[error("claims zero tokens")]
     NoTokens,
+    #[error("expects {0} contributions this round; between 1 and {MAX_EXPECTED} are possible")]
+    BadExpected(u32),
     #[error("delta sent as {got}, the swarm uses {expected}")]
     WrongCodec {
         got: DeltaCodec,
@@ -87,6 +93,9 @@ pub fn accept(ctx: &RoundContext<'_>, env: &SignedEnvelope) -> Result<Accepted, 
             max: ctx.max_tokens,
         });
     }
+    if c.expected == 0 || c.expected > MAX_EXPECTED {
+        return Err(Refusal::BadExpected(c.expected));
+    }
     if c.delta.codec != ctx.codec {
         return Err(Refusal::WrongCodec {
             got: c.delta.codec,
@@ -99,6 +108,7 @@ pub fn accept(ctx: &RoundContext<'_>, env: &SignedEnvelope) -> Result<Accepted, 
         tokens: c.tokens,
         train_loss: c.train_loss,
         delta,
+        expected: c.expected,
     })
 }
 
@@ -171,6 +181,52 @@ pub fn aggregate(accepted: &BTreeMap<[u8; 32], Accepted>) -> Option<Vec<f32>> {
     weighted_average(&parts)
 }
 
+/// A round's outer-step input: the token-weighted mean of what arrived, scaled down when fewer
+/// contributions arrived than the round planned for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoundStep {
+    /// What the outer optimizer steps with.
+    pub delta: Vec<f32>,
+    /// The factor the mean was scaled by (1 for a full round).
+    pub scale: f32,
+    /// Contributions the round planned for: the median (the upper one of an even count) of
+    /// what the contributions expected, so a minority cannot move it.
+    pub planned: u32,
+    /// The running noise ratio after this round (the next state's).
+    pub noise: Option<f64>,
+}
+
+/// The outer step's input for the contributions of one round, given the state's running noise
+/// ratio. A round of `n` contributions against `planned` is scaled by
+/// [`partial_round_scale`]`(r, planned, n)`: the shrinkage that minimises the expected error of
+/// a mean of `n` noisy deltas relative to a full round's, so a full round is unchanged and a
+/// round of one is trusted least. Every node computes it from the same contributions in the same
+/// order, so every node takes the same step. `None` when nothing arrived.
+pub fn round_step(
+    accepted: &BTreeMap<[u8; 32], Accepted>,
+    noise: Option<f64>,
+) -> Option<RoundStep> {
+    let mut delta = aggregate(accepted)?;
+    let deltas: Vec<&[f32]> = accepted.values().map(|a| a.delta.as_slice()).collect();
+    let noise = update_noise(noise, &deltas);
+    let mut wants: Vec<u32> = accepted
+        .values()
+        .map(|a| a.expected.clamp(1, MAX_EXPECTED))
+        .collect();
+    wants.sort_unstable();
+    let planned = wants[wants.len() / 2];
+    let scale = partial_round_scale(noise.unwrap_or(0.0), planned as f64, accepted.len() as f64);
+    if scale < 1.0 {
+        delta.iter_mut().for_each(|v| *v *= scale);
+    }
+    Some(RoundStep {
+        delta,
+        scale,
+        planned,
+        noise,
+    })
+}
+
 /// The state the swarm should continue from, given every (state hash, contributors) seen for
 /// one round: the hash held by most nodes; on a tie the one formed by more contributions; then
 /// the smallest hash. Every node applying this to the same views picks the same state.
@@ -219,11 +275,23 @@ mod tests {
         delta: EncodedDelta,
         tokens: u64,
     ) -> SignedEnvelope {
+        expecting(k, round, base, delta, tokens, 3)
+    }
+
+    fn expecting(
+        k: &SigningKey,
+        round: u64,
+        base: Hash32,
+        delta: EncodedDelta,
+        tokens: u64,
+        expected: u32,
+    ) -> SignedEnvelope {
         let c = Contribution {
             tokens,
             inner_steps: 10,
             train_loss: 2.0,
             delta,
+            expected,
         };
         let h = EnvelopeHeader {
             kind: PayloadKind::Contribution,
@@ -269,6 +337,7 @@ mod tests {
                     tokens,
                     train_loss: 0.0,
                     delta: d.to_vec(),
+                    expected: 3,
                 },
             );
         };
@@ -371,8 +440,24 @@ mod tests {
             delta::encode(DeltaCodec::Fp32, &[0.1; N]),
             1 << 40,
         );
+        let hopeless = |expected| {
+            expecting(
+                &key(3),
+                5,
+                ctx.base_hash,
+                delta::encode(DeltaCodec::Fp32, &[0.1; N]),
+                1000,
+                expected,
+            )
+        };
 
         let cases = [
+            ("expects nobody", hopeless(0), "expects 0 contributions"),
+            (
+                "expects a crowd",
+                hopeless(MAX_EXPECTED + 1),
+                "expects 4097",
+            ),
             ("unsigned", unsigned, "unsigned"),
             ("outsider", outsider, "not a member"),
             ("tampered", tampered, "does not verify"),
@@ -394,6 +479,61 @@ mod tests {
             }
         }
         assert_eq!(aggregate(&all).unwrap(), expected);
+    }
+
+    fn round_of(deltas: &[(&[f32], u32)]) -> BTreeMap<[u8; 32], Accepted> {
+        deltas
+            .iter()
+            .enumerate()
+            .map(|(i, (d, expected))| {
+                let sender = [i as u8; 32];
+                let a = Accepted {
+                    sender,
+                    tokens: 1000,
+                    train_loss: 0.0,
+                    delta: d.to_vec(),
+                    expected: *expected,
+                };
+                (sender, a)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_short_round_steps_less_and_a_full_one_as_before() {
+        let (a, b, c) = ([2.0f32, 0.5, 0.0], [2.0f32, -0.5, 0.1], [1.8f32, 0.0, -0.1]);
+        // A full round: the plain mean, the noise ratio learnt from it.
+        let full = round_of(&[(&a, 3), (&b, 3), (&c, 3)]);
+        let step = round_step(&full, Some(2.0)).unwrap();
+        assert_eq!((step.scale, step.planned), (1.0, 3));
+        assert_eq!(step.delta, aggregate(&full).unwrap());
+        let deltas: Vec<&[f32]> = vec![&a, &b, &c];
+        assert_eq!(step.noise, update_noise(Some(2.0), &deltas));
+        // Two of the three planned: shrunk by (1 + r/3) / (1 + r/2) with the updated r.
+        let short = round_of(&[(&a, 3), (&b, 3)]);
+        let step = round_step(&short, Some(2.0)).unwrap();
+        let r = update_noise(Some(2.0), &[&a, &b]).unwrap();
+        let want = ((1.0 + r / 3.0) / (1.0 + r / 2.0)) as f32;
+        assert!(
+            step.scale < 1.0 && (step.scale - want).abs() < 1e-6,
+            "{step:?}"
+        );
+        let mean = aggregate(&short).unwrap();
+        for (x, m) in step.delta.iter().zip(&mean) {
+            assert!((x - m * want).abs() < 1e-6);
+        }
+        // One alone: no spread to learn from, the state's r sizes the step.
+        let alone = round_of(&[(&c, 3)]);
+        let step = round_step(&alone, Some(2.0)).unwrap();
+        assert_eq!(step.noise, Some(2.0));
+        assert!((step.scale - (1.0 + 2.0 / 3.0) / 3.0).abs() < 1e-6);
+        // Before any round could tell the noise, nothing is shrunk.
+        assert_eq!(round_step(&alone, None).unwrap().scale, 1.0);
+        // One contribution claiming a crowd does not shrink the round of the others.
+        let liar = round_of(&[(&a, 3), (&b, 3), (&c, MAX_EXPECTED)]);
+        let step = round_step(&liar, Some(2.0)).unwrap();
+        assert_eq!((step.scale, step.planned), (1.0, 3));
+        assert!(round_step(&BTreeMap::new(), Some(2.0)).is_none());
     }
 
     /// Through the node's own encoding path, with every lossy codec (the low-rank one with real
