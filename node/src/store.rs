@@ -7,7 +7,7 @@
 //! disk. A value that does not decode (which sled's own checksums should prevent) is skipped in
 //! favour of the next older one.
 
-use nightshift_protocol::{SignedManifest, StateSnapshot, wire};
+use nightshift_protocol::{SignedManifest, StateSnapshot, WIRE_VERSION, wire};
 use std::path::Path;
 use thiserror::Error;
 
@@ -33,6 +33,22 @@ pub enum StoreError {
     Sled(#[from] sled::Error),
     #[error("stored {what} is corrupt: {reason}")]
     Corrupt { what: &'static str, reason: String },
+    #[error(
+        "stored {what} was written by a nightshift speaking wire version {version} (this build \
+         speaks {WIRE_VERSION}): start from a fresh --data-dir, or run that build"
+    )]
+    OtherVersion { what: &'static str, version: u8 },
+}
+
+/// A stored value that did not decode: another build's, or damaged.
+fn undecodable(what: &'static str, e: wire::DecodeError) -> StoreError {
+    match e {
+        wire::DecodeError::Version(version) => StoreError::OtherVersion { what, version },
+        e => StoreError::Corrupt {
+            what,
+            reason: e.to_string(),
+        },
+    }
 }
 
 /// The node's store.
@@ -133,14 +149,11 @@ impl Store {
             let (_, v) = item?;
             match wire::decode::<StateSnapshot>(&v, usize::MAX) {
                 Ok(s) => return Ok(Some(s)),
-                Err(e) => last_err = Some(e.to_string()),
+                Err(e) => last_err = Some(e),
             }
         }
-        if let Some(reason) = last_err {
-            return Err(StoreError::Corrupt {
-                what: "checkpoint",
-                reason,
-            });
+        if let Some(e) = last_err {
+            return Err(undecodable("checkpoint", e));
         }
         self.get(KEY_STATE, "checkpoint")
     }
@@ -250,10 +263,7 @@ impl Store {
             None => Ok(None),
             Some(v) => wire::decode(&v, usize::MAX)
                 .map(Some)
-                .map_err(|e| StoreError::Corrupt {
-                    what,
-                    reason: e.to_string(),
-                }),
+                .map_err(|e| undecodable(what, e)),
         }
     }
 }
@@ -281,6 +291,27 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(store.checkpoint().unwrap(), Some(s));
         assert_eq!(store.identity().unwrap(), Some([9; 32]));
+    }
+
+    #[test]
+    fn a_checkpoint_from_another_wire_version_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store.save_checkpoint(&state(3)).unwrap();
+            // What a version-1 build left behind: the same bytes under the old version byte.
+            let tree = store.db.open_tree(TREE_CHECKPOINTS).unwrap();
+            let mut old = wire::encode(&state(4));
+            old[0] = 1;
+            tree.clear().unwrap();
+            tree.insert(4u64.to_be_bytes(), old).unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let err = store.checkpoint().unwrap_err().to_string();
+        assert!(
+            err.contains("wire version 1") && err.contains("fresh --data-dir"),
+            "{err}"
+        );
     }
 
     fn state(round: u64) -> StateSnapshot {
