@@ -829,7 +829,7 @@ fn write_plot(results: &[RunResult], p: &std::path::Path) -> anyhow::Result<()> 
 
 /// What the targets compare, one line each: every DiLoCo and sync run against the
 /// single worker of the same per-worker budget (the step at which it reached that worker's final
-/// loss) and against sync of the same budget (final-loss ratio); every lossy codec against fp32
+/// loss) and against sync of the same budget and tokens (final-loss ratio); every lossy codec against fp32
 /// DiLoCo of the same K and H (final loss, bytes); every run with drops against the same K, H and
 /// codec without them. When several runs qualify as the reference, the first is used.
 pub fn comparisons(results: &[RunResult]) -> Vec<String> {
@@ -840,10 +840,13 @@ pub fn comparisons(results: &[RunResult]) -> Vec<String> {
             .iter()
             .find(|r| r.name.starts_with("single") && r.k == 1 && r.per_worker_steps == t)
     };
-    let sync = |t: u32| {
-        results
-            .iter()
-            .find(|r| r.name.starts_with("sync") && r.per_worker_steps == t)
+    // Sync at equal tokens: the same per-worker steps over as many workers.
+    let sync = |r: &RunResult| {
+        results.iter().find(|s| {
+            s.name.starts_with("sync")
+                && s.per_worker_steps == r.per_worker_steps
+                && s.tokens == r.tokens
+        })
     };
     for r in results
         .iter()
@@ -874,7 +877,7 @@ pub fn comparisons(results: &[RunResult]) -> Vec<String> {
         }
     }
     for r in results.iter().filter(is_diloco) {
-        if let Some(s) = sync(r.per_worker_steps) {
+        if let Some(s) = sync(r) {
             out.push(format!(
                 "{:<34} final loss {:.4}x sync's",
                 r.name,
@@ -1069,7 +1072,7 @@ mod tests {
             codec: codec.into(),
             drop,
             final_val_loss: *curve.last().unwrap(),
-            tokens: 0,
+            tokens: (k as u64) * steps as u64 * 10,
             per_worker_steps: steps,
             bytes_per_node_per_round: if codec == "fp32" { 1000 } else { 125 },
             total_bytes: 0,
@@ -1122,6 +1125,15 @@ mod tests {
             ),
             // Another budget: no baseline of its own, so no comparison.
             run("diloco k=2 h=50", 2, "fp32", 0.0, 300, &[4.0, 2.0, 1.7]),
+            // Half the workers of sync: half its tokens, so no ratio against it.
+            run(
+                "diloco k=2 h=50 half",
+                2,
+                "fp32",
+                0.0,
+                100,
+                &[4.0, 2.0, 1.9],
+            ),
         ];
         let lines = comparisons(&results);
         let has = |run: &str, says: &str| {
@@ -1154,8 +1166,17 @@ mod tests {
             "final loss +15.00 % against no drops (1.8180)",
         );
         assert!(
-            !lines.iter().any(|l| l.contains("k=2")),
+            !lines
+                .iter()
+                .any(|l| l.split("  ").next() == Some("diloco k=2 h=50")),
             "a run without a baseline was compared: {lines:#?}"
+        );
+        has("diloco k=2 h=50 half", &format!("{reached} 50 of 100"));
+        assert!(
+            !lines
+                .iter()
+                .any(|l| l.starts_with("diloco k=2 h=50 half") && l.contains("sync")),
+            "compared with sync at other tokens: {lines:#?}"
         );
     }
 
