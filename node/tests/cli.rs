@@ -206,6 +206,8 @@ fn bench_report_joins_runs_written_by_separate_processes() {
             runs,
             "--k",
             "2",
+            "--base-k",
+            "2",
             "--h",
             "10",
             "--json",
@@ -223,13 +225,13 @@ fn bench_report_joins_runs_written_by_separate_processes() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = String::from_utf8_lossy(&o.stdout);
-    for run in ["single T=20", "sync k=4", "diloco k=2 h=10"] {
+    for run in ["single T=20", "sync k=2", "diloco k=2 h=10"] {
         assert!(text.contains(run), "no {run} in:\n{text}");
     }
-    // The comparison needs both files: DiLoCo from one, sync from the other.
+    // The comparison needs both files: DiLoCo from one, sync (at equal tokens) from the other.
     assert!(text.contains("x sync's"), "{text}");
     let svg = std::fs::read_to_string(path("all.svg")).unwrap();
-    assert!(svg.contains("diloco k=2 h=10") && svg.contains("sync k=4"));
+    assert!(svg.contains("diloco k=2 h=10") && svg.contains("sync k=2"));
 
     std::fs::write(path("bad.json"), "{\"not\": \"runs\"}").unwrap();
     for (file, says) in [
