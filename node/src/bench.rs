@@ -744,13 +744,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
                 .with_context(|| format!("cannot write {}", p.display()))?;
         }
     }
-    println!();
-    for line in comparisons(&results) {
-        println!("  {line}");
-    }
-    if let Some(p) = &a.plot {
-        write_plot(&results, p)?;
-    }
+    finish(&results, a.plot.as_deref())?;
     Ok(results)
 }
 
@@ -775,13 +769,7 @@ pub fn run_report(a: ReportArgs) -> anyhow::Result<Vec<RunResult>> {
     for r in &results {
         print_row(r);
     }
-    println!();
-    for line in comparisons(&results) {
-        println!("  {line}");
-    }
-    if let Some(p) = &a.plot {
-        write_plot(&results, p)?;
-    }
+    finish(&results, a.plot.as_deref())?;
     Ok(results)
 }
 
@@ -802,6 +790,18 @@ fn print_row(r: &RunResult) {
         r.tokens_per_sec,
         r.wall_secs
     );
+}
+
+/// What both commands print after the table: the comparisons, then the plot if asked for.
+fn finish(results: &[RunResult], plot: Option<&std::path::Path>) -> anyhow::Result<()> {
+    println!();
+    for line in comparisons(results) {
+        println!("  {line}");
+    }
+    match plot {
+        Some(p) => write_plot(results, p),
+        None => Ok(()),
+    }
 }
 
 fn write_plot(results: &[RunResult], p: &std::path::Path) -> anyhow::Result<()> {
