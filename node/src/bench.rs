@@ -150,18 +150,6 @@ pub struct ConvergenceArgs {
     /// a number fixes `r`; `0` is off (what nodes did before).
     #[arg(long, default_value = "auto")]
     pub partial_shrink: Shrink,
-    /// Scale every round's step (full rounds too) by `1 / (1 + F·r/n)`, `n` contributions
-    /// arrived, `r` the running noise ratio: the mean shrunk towards zero by its own noise, so
-    /// the outer step falls as the deltas turn to noise late in training. `1` is the shrinkage
-    /// that minimises the step's expected squared error; `0` is off (what nodes do). Needs
-    /// `--partial-shrink auto` (the running ratio).
-    #[arg(long, default_value_t = 0.0)]
-    pub noise_step: f64,
-    /// Weight every parameter of a round's mean by how much the contributions agree on it:
-    /// `m² / (m² + s²/n)` (`m` their mean, `s²` their spread, `n` of them; rounds of one are
-    /// left as they are), times this gain. 0 is off (what nodes do). An experiment.
-    #[arg(long, default_value_t = 0.0)]
-    pub coord_shrink: f64,
     /// Where the cosine schedule ends, as a fraction of the inner learning rate.
     #[arg(long, default_value_t = 0.1)]
     pub final_lr_frac: f64,
@@ -242,10 +230,6 @@ pub struct Setup {
     pub early: (u32, u32),
     /// Rounds with fewer contributions are not applied (see `--quorum`).
     pub quorum: usize,
-    /// Every round's step shrunk by its noise (see `--noise-step`).
-    pub noise_step: f64,
-    /// Per-parameter agreement weighting, with its gain (see `--coord-shrink`).
-    pub coord_shrink: f64,
 }
 
 /// `--missing`: what stands in for a contribution that did not arrive.
@@ -337,8 +321,6 @@ impl Setup {
             partial_shrink: Shrink::Auto,
             early: (0, 0),
             quorum: 0,
-            noise_step: 0.0,
-            coord_shrink: 0.0,
         })
     }
 
@@ -581,33 +563,6 @@ impl Setup {
                     a
                 })
             };
-            let step = match step {
-                // 1/(1 + F·r/n) in all: the partial factor already gave (1 + r/K)/(1 + r/n).
-                Some(mut st) if self.noise_step > 0.0 && r > 0.0 && n_eff > 0.0 => {
-                    let total = 1.0 / (1.0 + self.noise_step * r / n_eff);
-                    let f = (total / scale.min(1.0) as f64) as f32;
-                    st.iter_mut().for_each(|v| *v *= f);
-                    Some(st)
-                }
-                other => other,
-            };
-            let step = match step {
-                Some(mut st) if self.coord_shrink > 0.0 && collected.len() >= 2 => {
-                    let ds: Vec<&[f32]> = collected.values().map(|a| a.delta.as_slice()).collect();
-                    let n = ds.len() as f64;
-                    let g = self.coord_shrink;
-                    for (j, v) in st.iter_mut().enumerate() {
-                        let m = ds.iter().map(|d| d[j] as f64).sum::<f64>() / n;
-                        let var = ds.iter().map(|d| (d[j] as f64 - m).powi(2)).sum::<f64>()
-                            / (n - 1.0);
-                        let (m2, nv) = (m * m, var / n);
-                        let w = if m2 + nv > 0.0 { m2 / (m2 + nv) } else { 1.0 };
-                        *v = (*v as f64 * w * g) as f32;
-                    }
-                    Some(st)
-                }
-                other => other,
-            };
             if let Some(step) = step {
                 outer.step(&mut theta, &step);
             }
@@ -655,17 +610,11 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     if want("sync") {
         p.push((format!("sync k={bk}"), Kind::Single { mult: bk, steps: t }));
     }
-    let mut early = if a.early_rounds > 0 {
+    let early = if a.early_rounds > 0 {
         format!(" early={}x{}", a.early_rounds, a.early_inner_steps)
     } else {
         String::new()
     };
-    if a.noise_step > 0.0 {
-        early += &format!(" noise-step={}", a.noise_step);
-    }
-    if a.coord_shrink > 0.0 {
-        early += &format!(" coord-shrink={}", a.coord_shrink);
-    }
     let diloco = |k: usize, h: u32, codec: DeltaCodec, drop: f64, suffix: String| {
         (
             format!("diloco k={k} h={h}{early}{suffix}"),
@@ -764,17 +713,6 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.missing = a.missing;
     setup.partial_shrink = a.partial_shrink;
     setup.quorum = a.quorum;
-    if !(a.noise_step >= 0.0 && a.noise_step.is_finite()) {
-        bail!("--noise-step must be a non-negative number");
-    }
-    if a.noise_step > 0.0 && a.partial_shrink != Shrink::Auto {
-        bail!("--noise-step needs --partial-shrink auto (the running noise ratio)");
-    }
-    setup.noise_step = a.noise_step;
-    if !(a.coord_shrink >= 0.0 && a.coord_shrink.is_finite()) {
-        bail!("--coord-shrink must be a non-negative number");
-    }
-    setup.coord_shrink = a.coord_shrink;
     setup.inner.final_lr_frac = a.final_lr_frac;
     if a.early_rounds > 0 && a.early_inner_steps == 0 {
         bail!("--early-inner-steps must be positive");
