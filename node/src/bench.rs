@@ -75,7 +75,7 @@ pub struct ConvergenceArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "fp32,fp16,int8:64,int4:64,topk:10,topk:30,lowrank:24:256"
+        default_value = "fp32,fp16,int8:64,int4:64,topk:10,topk:30,lowrank:23:256"
     )]
     pub codecs: Vec<DeltaCodec>,
     /// Probabilities of dropping each contribution.

@@ -117,7 +117,7 @@ impl FromStr for DeltaCodec {
                     None => (None, None),
                 };
                 DeltaCodec::LowRank {
-                    rank: parse(rank, 24, MAX_RANK as u32)? as u16,
+                    rank: parse(rank, 23, MAX_RANK as u32)? as u16,
                     block: parse(block, 256, MAX_BLOCK)?,
                 }
             }
@@ -567,7 +567,7 @@ mod tests {
         assert_eq!(
             "lowrank".parse::<DeltaCodec>().unwrap(),
             DeltaCodec::LowRank {
-                rank: 24,
+                rank: 23,
                 block: 256
             }
         );
