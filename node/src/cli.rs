@@ -78,9 +78,13 @@ pub struct SwarmFlags {
     #[arg(long, default_value_t = 16)]
     pub batch_size: u32,
     /// AdamW learning rate of the inner steps (2e-3 beat the recipe's 1e-3 for one worker,
-    /// synchronous training and DiLoCo alike at T = 1000, and 3e-3: BENCHMARKS.md).
+    /// synchronous training and DiLoCo alike at T = 1000, and 3e-3 with the same warm-up:
+    /// BENCHMARKS.md).
     #[arg(long, default_value_t = 2e-3)]
     pub inner_lr: f32,
+    /// Inner steps over which the rate rises linearly to `--inner-lr` (the recipe's 50; at
+    /// H = 50, 3e-3 behind 200 steps ended DiLoCo 0.9 % lower on the mean of five seeds, and
+    /// synchronous training not at all: BENCHMARKS.md).
     #[arg(long, default_value_t = 50)]
     pub warmup_steps: u32,
     /// AdamW's decoupled weight decay in the inner steps (the recipe's 0.1).
