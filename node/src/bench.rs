@@ -166,6 +166,14 @@ pub struct ConvergenceArgs {
     /// Inner steps of each early round (see `--early-rounds`).
     #[arg(long, default_value_t = 10)]
     pub early_inner_steps: u32,
+    /// Anneal the outer step: over the last this many rounds of every DiLoCo run the outer
+    /// learning rate falls linearly from `--outer-lr` to `--outer-lr-end` (reached in the last
+    /// round). 0 is off (what nodes do: a constant outer rate).
+    #[arg(long, default_value_t = 0)]
+    pub outer_anneal_rounds: u32,
+    /// The outer learning rate of the last round when `--outer-anneal-rounds` is set.
+    #[arg(long, default_value_t = 0.2)]
+    pub outer_lr_end: f32,
     #[command(flatten)]
     pub recipe: SwarmFlags,
 }
@@ -230,6 +238,8 @@ pub struct Setup {
     pub early: (u32, u32),
     /// Rounds with fewer contributions are not applied (see `--quorum`).
     pub quorum: usize,
+    /// Outer-rate annealing: (last rounds, final rate); see `--outer-anneal-rounds`.
+    pub outer_anneal: (u32, f32),
 }
 
 /// `--missing`: what stands in for a contribution that did not arrive.
@@ -321,6 +331,7 @@ impl Setup {
             partial_shrink: Shrink::Auto,
             early: (0, 0),
             quorum: 0,
+            outer_anneal: (0, 0.0),
         })
     }
 
@@ -398,6 +409,19 @@ impl Setup {
             tokens_per_sec: tokens as f64 / train_secs.max(1e-9),
             wall_secs: start.elapsed().as_secs_f64(),
         })
+    }
+
+    /// The outer rate of a round that starts with `left` per-worker steps to go (this round's
+    /// included) at `h` steps a round: `--outer-lr`, falling linearly to `--outer-lr-end` over
+    /// the last `--outer-anneal-rounds` rounds.
+    fn outer_lr_at(&self, left: u32, h: u32) -> f32 {
+        let (r, end) = self.outer_anneal;
+        let rounds_left = left.div_ceil(h.max(1));
+        if r == 0 || rounds_left > r {
+            return self.outer_lr;
+        }
+        let t = (r - rounds_left + 1) as f32 / r as f32;
+        self.outer_lr + (end - self.outer_lr) * t
     }
 
     /// K workers, H inner steps per round, `steps` per worker in all.
@@ -564,6 +588,7 @@ impl Setup {
                 })
             };
             if let Some(step) = step {
+                outer.lr = self.outer_lr_at(steps - done, h);
                 outer.step(&mut theta, &step);
             }
             for (t, ..) in workers.iter_mut() {
@@ -610,11 +635,14 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     if want("sync") {
         p.push((format!("sync k={bk}"), Kind::Single { mult: bk, steps: t }));
     }
-    let early = if a.early_rounds > 0 {
+    let mut early = if a.early_rounds > 0 {
         format!(" early={}x{}", a.early_rounds, a.early_inner_steps)
     } else {
         String::new()
     };
+    if a.outer_anneal_rounds > 0 {
+        early += &format!(" anneal={}->{}", a.outer_anneal_rounds, a.outer_lr_end);
+    }
     let diloco = |k: usize, h: u32, codec: DeltaCodec, drop: f64, suffix: String| {
         (
             format!("diloco k={k} h={h}{early}{suffix}"),
@@ -718,6 +746,10 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
         bail!("--early-inner-steps must be positive");
     }
     setup.early = (a.early_rounds, a.early_inner_steps);
+    if !(a.outer_lr_end >= 0.0 && a.outer_lr_end.is_finite()) {
+        bail!("--outer-lr-end must be a non-negative number");
+    }
+    setup.outer_anneal = (a.outer_anneal_rounds, a.outer_lr_end);
     let runs = plan(&a);
     println!(
         "convergence: {} runs, T={} per-worker steps, model {} ({} params), batch {}, seq {}",
@@ -1024,6 +1056,20 @@ mod tests {
         assert!(low.final_val_loss < low.curve[0].1 - 0.2, "{:?}", low.curve);
         // Shrinking short rounds keeps a dropping swarm training.
         let mut s = s;
+        // Outer annealing: constant until the last two rounds, then down to the end rate.
+        s.outer_anneal = (2, 0.1);
+        let lrs: Vec<f32> = [20, 15, 10, 5, 3].map(|left| s.outer_lr_at(left, 5)).into();
+        assert!(
+            (lrs[0] - 0.7).abs() < 1e-6 && (lrs[1] - 0.7).abs() < 1e-6,
+            "{lrs:?}"
+        );
+        assert!((lrs[2] - 0.4).abs() < 1e-6, "{lrs:?}");
+        assert!(
+            (lrs[3] - 0.1).abs() < 1e-6 && (lrs[4] - 0.1).abs() < 1e-6,
+            "{lrs:?}"
+        );
+        s.outer_anneal = (0, 0.0);
+        assert_eq!(s.outer_lr_at(5, 5), 0.7);
         s.partial_shrink = Shrink::Auto;
         let shrunk = s.run_diloco("s", 3, 5, recipe.codec, 0.5, 20).unwrap();
         assert!(
