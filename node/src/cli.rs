@@ -26,6 +26,9 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Start a local swarm (a bootstrap and N nodes as processes on 127.0.0.1) and train it.
+    ///
+    /// The nodes' keys, which seed the batches each one samples, are derived from `--seed`: the
+    /// same seed on the same machine trains the same model.
     Demo(crate::demo::DemoArgs),
     /// Swarm creation.
     #[command(subcommand)]
@@ -101,6 +104,7 @@ pub struct SwarmFlags {
     /// Seconds a node waits for the others after its contribution is out.
     #[arg(long, default_value_t = 60)]
     pub deadline_secs: u32,
+    /// Seed of the model's initial weights (in `demo`, also of its nodes' keys).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
 }

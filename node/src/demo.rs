@@ -15,6 +15,20 @@ use tokio::sync::watch;
 use crate::cli::SwarmFlags;
 use crate::events::{NodeEvent, RoundRecord, read_events};
 
+/// The key of demo node `i`, derived from the swarm's `--seed`. A node's key seeds the batches
+/// it samples, so fixed keys make a demo repeatable: the same seed on the same machine trains the
+/// same model, round by round. These keys are public knowledge; they never leave the demo's
+/// private loopback swarm (real nodes make theirs with `nightshift keygen`).
+pub(crate) fn demo_key(seed: u64, i: usize) -> ed25519_dalek::SigningKey {
+    use rand::{RngCore, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
+        seed ^ 0x6465_6d6f_6b65_7973 ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
+    let mut secret = [0u8; 32];
+    rng.fill_bytes(&mut secret);
+    ed25519_dalek::SigningKey::from_bytes(&secret)
+}
+
 /// Flags of `nightshift demo`.
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -295,7 +309,7 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     let creator = nightshift_bootstrap::generate_key()?;
     let mut allow = vec![];
     for i in 0..args.nodes {
-        let k = nightshift_bootstrap::generate_key()?;
+        let k = demo_key(args.swarm.seed, i);
         nightshift_bootstrap::write_key(&dir.join(format!("node{i}.key.json")), &k)?;
         allow.push(k.verifying_key().to_bytes());
     }
@@ -525,4 +539,19 @@ pub(crate) fn tempfile_dir() -> anyhow::Result<PathBuf> {
     ));
     std::fs::create_dir_all(&d)?;
     Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demo_keys_repeat_with_the_seed_and_differ_between_nodes() {
+        let k = |seed, i| demo_key(seed, i).verifying_key().to_bytes();
+        assert_eq!(k(42, 0), k(42, 0));
+        assert_ne!(k(42, 0), k(42, 1));
+        assert_ne!(k(42, 0), k(43, 0));
+        // The batch seed a node derives from its key's first eight bytes differs too.
+        assert_ne!(k(42, 0)[..8], k(42, 1)[..8]);
+    }
 }
