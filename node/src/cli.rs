@@ -80,15 +80,15 @@ pub struct SwarmFlags {
     pub codec: DeltaCodec,
     #[arg(long, default_value_t = 16)]
     pub batch_size: u32,
-    /// AdamW learning rate of the inner steps (2e-3 beat the recipe's 1e-3 for one worker,
-    /// synchronous training and DiLoCo alike at T = 1000, and 3e-3 with the same warm-up:
-    /// BENCHMARKS.md).
-    #[arg(long, default_value_t = 2e-3)]
+    /// AdamW learning rate of the inner steps (behind the 200-step warm-up, 3e-3 ended DiLoCo
+    /// lower than 2e-3 on the mean of five seeds at K = 4 and on every seed at K = 8, H = 50;
+    /// behind the recipe's 50 steps, 2e-3 beat both 1e-3 and 3e-3: BENCHMARKS.md).
+    #[arg(long, default_value_t = 3e-3)]
     pub inner_lr: f32,
-    /// Inner steps over which the rate rises linearly to `--inner-lr` (the recipe's 50; at
-    /// H = 50, 3e-3 behind 200 steps ended DiLoCo 0.9 % lower on the mean of five seeds, and
-    /// synchronous training not at all: BENCHMARKS.md).
-    #[arg(long, default_value_t = 50)]
+    /// Inner steps over which the rate rises linearly to `--inner-lr`, counted from the node's
+    /// start (the recipe's 50 trained DiLoCo worse than 200 on four seeds of five:
+    /// BENCHMARKS.md).
+    #[arg(long, default_value_t = 200)]
     pub warmup_steps: u32,
     /// AdamW's decoupled weight decay in the inner steps (the recipe's 0.1).
     #[arg(long, default_value_t = 0.1)]
