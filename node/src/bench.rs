@@ -1054,7 +1054,6 @@ mod tests {
             .unwrap();
         assert!(low.bytes_per_node_per_round < dense_bytes / 2);
         assert!(low.final_val_loss < low.curve[0].1 - 0.2, "{:?}", low.curve);
-        // Shrinking short rounds keeps a dropping swarm training.
         let mut s = s;
         // Outer annealing: constant until the last two rounds, then down to the end rate.
         s.outer_anneal = (2, 0.1);
@@ -1070,6 +1069,7 @@ mod tests {
         );
         s.outer_anneal = (0, 0.0);
         assert_eq!(s.outer_lr_at(5, 5), 0.7);
+        // Shrinking short rounds keeps a dropping swarm training.
         s.partial_shrink = Shrink::Auto;
         let shrunk = s.run_diloco("s", 3, 5, recipe.codec, 0.5, 20).unwrap();
         assert!(
