@@ -635,17 +635,17 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     if want("sync") {
         p.push((format!("sync k={bk}"), Kind::Single { mult: bk, steps: t }));
     }
-    let mut early = if a.early_rounds > 0 {
-        format!(" early={}x{}", a.early_rounds, a.early_inner_steps)
-    } else {
-        String::new()
-    };
+    // What every DiLoCo run of this invocation shares beyond the recipe, in its name.
+    let mut schedule = String::new();
+    if a.early_rounds > 0 {
+        schedule += &format!(" early={}x{}", a.early_rounds, a.early_inner_steps);
+    }
     if a.outer_anneal_rounds > 0 {
-        early += &format!(" anneal={}->{}", a.outer_anneal_rounds, a.outer_lr_end);
+        schedule += &format!(" anneal={}->{}", a.outer_anneal_rounds, a.outer_lr_end);
     }
     let diloco = |k: usize, h: u32, codec: DeltaCodec, drop: f64, suffix: String| {
         (
-            format!("diloco k={k} h={h}{early}{suffix}"),
+            format!("diloco k={k} h={h}{schedule}{suffix}"),
             Kind::Diloco { k, h, codec, drop },
         )
     };
