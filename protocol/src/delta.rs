@@ -340,8 +340,8 @@ const LOWRANK_SEED: u64 = 0x6E69_6768_7473_6866;
 /// [`encode`] with the shapes of the model's tensors (in flat order), which
 /// [`DeltaCodec::LowRank`] needs to find the matrices; other codecs ignore them. `subspaces`
 /// is the sender's memory of each matrix's last `Q`: a matrix whose previous `Q` fits starts
-/// its subspace iteration there, with one iteration (PowerSGD's warm start), else from a
-/// random subspace with [`crate::lowrank::POWER_ITERS`]. It is updated in place; pass an empty
+/// its subspace iteration there, with [`crate::lowrank::WARM_ITERS`] iterations (PowerSGD's
+/// warm start), else from a random subspace with [`crate::lowrank::POWER_ITERS`]. It is updated in place; pass an empty
 /// vector to start fresh.
 pub fn encode_shaped(
     codec: DeltaCodec,
@@ -398,7 +398,14 @@ pub fn encode_shaped(
                     Piece::Factored { rows, cols, r } => {
                         let m = &values[off..off + rows * cols];
                         let (p, q) = if q_prev.len() == cols * r {
-                            crate::lowrank::factorize_from(m, rows, cols, q_prev, r, 1)
+                            crate::lowrank::factorize_from(
+                                m,
+                                rows,
+                                cols,
+                                q_prev,
+                                r,
+                                crate::lowrank::WARM_ITERS,
+                            )
                         } else {
                             crate::lowrank::factorize(m, rows, cols, r, LOWRANK_SEED ^ off as u64)
                         };
