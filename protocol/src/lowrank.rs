@@ -9,12 +9,12 @@
 /// Subspace iterations after the first projection (2 is enough for a clear spectral gap).
 pub const POWER_ITERS: usize = 2;
 
-/// Subspace iterations when starting from the previous round's `Q`. PowerSGD uses one; two
-/// cost two more products of the matrix with a thin factor (nothing beside an inner step) and
-/// cut what `lowrank:23:256` costs over fp32 DiLoCo from +1.04 % to +0.69 % on the mean of five
-/// seeds at H = 10 (BENCHMARKS.md, twelfth pass): the pseudo-gradient's top subspace moves
-/// between rounds, and one iteration lags it.
-pub const WARM_ITERS: usize = 2;
+/// Subspace iterations when starting from the previous round's `Q`. PowerSGD uses one; three
+/// cost four more products of the matrix with a thin factor (little beside an inner step) and
+/// cut what `lowrank:23:256` costs over fp32 DiLoCo from +1.04 % (one) and +0.69 % (two) to
+/// +0.42 % on the mean of five seeds at H = 10 (BENCHMARKS.md, twelfth pass): the
+/// pseudo-gradient's top subspace moves between rounds, and one iteration lags it.
+pub const WARM_ITERS: usize = 3;
 
 /// The rank-`rank` factors `(P, Q)` of `m` (`rows × cols`, row-major). `P` is `rows × r`, `Q` is
 /// `cols × r` (both row-major), `r = min(rank, rows, cols)`, and `P·Qᵀ` is the projection of `m`
