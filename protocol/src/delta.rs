@@ -341,8 +341,8 @@ const LOWRANK_SEED: u64 = 0x6E69_6768_7473_6866;
 /// [`DeltaCodec::LowRank`] needs to find the matrices; other codecs ignore them. `subspaces`
 /// is the sender's memory of each matrix's last `Q`: a matrix whose previous `Q` fits starts
 /// its subspace iteration there, with [`crate::lowrank::WARM_ITERS`] iterations (PowerSGD's
-/// warm start), else from a random subspace with [`crate::lowrank::POWER_ITERS`]. It is updated in place; pass an empty
-/// vector to start fresh.
+/// warm start), else from a random subspace with [`crate::lowrank::POWER_ITERS`]. It is
+/// updated in place; pass an empty vector to start fresh.
 pub fn encode_shaped(
     codec: DeltaCodec,
     values: &[f32],
