@@ -35,8 +35,9 @@ pub struct InnerConfig {
     /// the largest divisor of the batch size it does not exceed; 1 runs the step on the calling
     /// thread.
     pub threads: usize,
-    /// AdamW's second-moment decay rate and epsilon (burn's defaults: 0.999, 1e-5; the first
-    /// moment keeps burn's 0.9).
+    /// AdamW's first- and second-moment decay rates and epsilon (burn's defaults: 0.9, 0.999,
+    /// 1e-5).
+    pub beta1: f32,
     pub beta2: f32,
     pub epsilon: f32,
 }
@@ -53,6 +54,7 @@ impl Default for InnerConfig {
             decay_steps: 0,
             final_lr_frac: 0.1,
             threads: 1,
+            beta1: 0.9,
             beta2: 0.999,
             epsilon: 1e-5,
         }
@@ -245,6 +247,7 @@ struct Suspended {
 fn fresh_adamw<B: AutodiffBackend>(cfg: &InnerConfig) -> OptimizerAdaptor<AdamW, Gpt<B>, B> {
     let mut adamw = AdamWConfig::new()
         .with_weight_decay(cfg.weight_decay)
+        .with_beta_1(cfg.beta1)
         .with_beta_2(cfg.beta2)
         .with_epsilon(cfg.epsilon);
     if cfg.grad_clip > 0.0 && !cfg.clip_global {

@@ -153,6 +153,9 @@ pub struct ConvergenceArgs {
     /// Where the cosine schedule ends, as a fraction of the inner learning rate.
     #[arg(long, default_value_t = 0.1)]
     pub final_lr_frac: f64,
+    /// AdamW's first-moment decay rate for every run (nodes use burn's 0.9).
+    #[arg(long, default_value_t = 0.9)]
+    pub inner_beta1: f32,
     /// AdamW's second-moment decay rate for every run (nodes use burn's 0.999).
     #[arg(long, default_value_t = 0.999)]
     pub inner_beta2: f32,
@@ -174,6 +177,13 @@ pub struct ConvergenceArgs {
     /// The outer learning rate of the last round when `--outer-anneal-rounds` is set.
     #[arg(long, default_value_t = 0.2)]
     pub outer_lr_end: f32,
+    /// Also evaluate, at the end of every run, an exponential moving average of its parameters
+    /// (Polyak averaging) with each of these horizons, in per-worker steps: single and sync runs
+    /// average after every step, DiLoCo runs after every round (θ holds between rounds), each
+    /// with weight `exp(-steps/horizon)` on the past, normalised so the start does not count.
+    /// Training is unchanged; the results go to `ema` in the JSON.
+    #[arg(long, value_delimiter = ',')]
+    pub eval_ema: Vec<u32>,
     #[command(flatten)]
     pub recipe: SwarmFlags,
 }
@@ -196,6 +206,49 @@ pub struct RunResult {
     /// Training throughput of the whole run (all workers), tokens per second of training time.
     pub tokens_per_sec: f64,
     pub wall_secs: f64,
+    /// Final validation loss of each parameter average asked for with `--eval-ema`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ema: Vec<EmaResult>,
+}
+
+/// The final validation loss of a moving average of a run's parameters (`--eval-ema`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EmaResult {
+    /// Horizon in per-worker steps.
+    pub horizon: u32,
+    pub final_val_loss: f32,
+}
+
+/// A normalised exponential moving average of parameter vectors over per-worker steps.
+struct ParamEma {
+    horizon: u32,
+    sum: Vec<f64>,
+    weight: f64,
+}
+
+impl ParamEma {
+    fn new(horizon: u32, len: usize) -> Self {
+        ParamEma {
+            horizon,
+            sum: vec![0.0; len],
+            weight: 0.0,
+        }
+    }
+
+    /// Adds `params`, which held for the last `steps` per-worker steps.
+    fn update(&mut self, params: &[f32], steps: u32) {
+        let keep = (-(steps as f64) / self.horizon.max(1) as f64).exp();
+        self.weight = keep * self.weight + (1.0 - keep);
+        self.sum
+            .iter_mut()
+            .zip(params)
+            .for_each(|(s, p)| *s = keep * *s + (1.0 - keep) * *p as f64);
+    }
+
+    fn average(&self) -> Vec<f32> {
+        let w = self.weight.max(f64::MIN_POSITIVE);
+        self.sum.iter().map(|s| (s / w) as f32).collect()
+    }
 }
 
 impl RunResult {
@@ -240,6 +293,8 @@ pub struct Setup {
     pub quorum: usize,
     /// Outer-rate annealing: (last rounds, final rate); see `--outer-anneal-rounds`.
     pub outer_anneal: (u32, f32),
+    /// Horizons of the parameter averages evaluated at the end (see `--eval-ema`).
+    pub ema_horizons: Vec<u32>,
 }
 
 /// `--missing`: what stands in for a contribution that did not arrive.
@@ -332,6 +387,7 @@ impl Setup {
             early: (0, 0),
             quorum: 0,
             outer_anneal: (0, 0.0),
+            ema_horizons: vec![],
         })
     }
 
@@ -352,6 +408,30 @@ impl Setup {
 
     fn val_loss(&self, t: &mut InnerTrainer<CpuTrain>) -> f32 {
         eval::val_loss(&t.eval_model(), &self.val)
+    }
+
+    fn emas(&self) -> Vec<ParamEma> {
+        self.ema_horizons
+            .iter()
+            .map(|&h| ParamEma::new(h, self.genesis.len()))
+            .collect()
+    }
+
+    /// Each average's validation loss, through `t` (whose parameters it replaces).
+    fn eval_emas(
+        &self,
+        t: &mut InnerTrainer<CpuTrain>,
+        emas: &[ParamEma],
+    ) -> anyhow::Result<Vec<EmaResult>> {
+        emas.iter()
+            .map(|e| {
+                t.load_params(&e.average())?;
+                Ok(EmaResult {
+                    horizon: e.horizon,
+                    final_val_loss: self.val_loss(t),
+                })
+            })
+            .collect()
     }
 
     fn tokens_per_step(&self) -> u64 {
@@ -375,14 +455,24 @@ impl Setup {
         let shard = self.corpus.full_shard();
         let mut curve = vec![(0, self.val_loss(&mut t))];
         let (mut done, mut train_secs) = (0, 0.0);
+        let mut emas = self.emas();
         while done < steps {
             let n = eval_every.max(1).min(steps - done);
             let t0 = Instant::now();
-            t.train(&self.corpus, &shard, &mut rng, n, &|| false);
+            if emas.is_empty() {
+                t.train(&self.corpus, &shard, &mut rng, n, &|| false);
+            } else {
+                for _ in 0..n {
+                    t.train(&self.corpus, &shard, &mut rng, 1, &|| false);
+                    let p = t.params();
+                    emas.iter_mut().for_each(|e| e.update(&p, 1));
+                }
+            }
             train_secs += t0.elapsed().as_secs_f64();
             done += n;
             curve.push((done, self.val_loss(&mut t)));
         }
+        let ema = self.eval_emas(&mut t, &emas)?;
         let tokens = steps as u64 * self.tokens_per_step() * batch_mult as u64;
         let dense = delta::dense_bytes(self.genesis.len()) as u64;
         let (per_round, total) = if batch_mult > 1 {
@@ -408,6 +498,7 @@ impl Setup {
             curve,
             tokens_per_sec: tokens as f64 / train_secs.max(1e-9),
             wall_secs: start.elapsed().as_secs_f64(),
+            ema,
         })
     }
 
@@ -465,6 +556,7 @@ impl Setup {
         // Tokens each worker trained on since it last started from θ (more than one round's
         // when a round fell short of the quorum).
         let mut since = vec![0u64; k];
+        let mut emas = self.emas();
         while done < steps {
             let len = if round < self.early.0 {
                 self.early.1
@@ -595,8 +687,10 @@ impl Setup {
                 t.load_params(&theta)?;
             }
             done += n;
+            emas.iter_mut().for_each(|e| e.update(&theta, n));
             curve.push((done, self.val_loss(&mut workers[0].0)));
         }
+        let ema = self.eval_emas(&mut workers[0].0, &emas)?;
         Ok(RunResult {
             name: name.into(),
             k,
@@ -611,6 +705,7 @@ impl Setup {
             curve,
             tokens_per_sec: tokens as f64 / train_secs.max(1e-9),
             wall_secs: start.elapsed().as_secs_f64(),
+            ema,
         })
     }
 }
@@ -736,6 +831,14 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.inner.clip_global = a.clip == "global";
     setup.inner.threads = a.threads as usize;
     setup.cosine = a.inner_schedule == "cosine";
+    if !(a.inner_beta1 >= 0.0 && a.inner_beta1 < 1.0) {
+        bail!("--inner-beta1 must be in [0, 1)");
+    }
+    if a.eval_ema.contains(&0) {
+        bail!("--eval-ema horizons must be positive");
+    }
+    setup.ema_horizons = a.eval_ema.clone();
+    setup.inner.beta1 = a.inner_beta1;
     setup.inner.beta2 = a.inner_beta2;
     setup.inner.epsilon = a.inner_eps;
     setup.missing = a.missing;
@@ -822,6 +925,13 @@ fn print_row(r: &RunResult) {
         r.tokens_per_sec,
         r.wall_secs
     );
+    for e in &r.ema {
+        println!(
+            "{:<34} {:>9.4}",
+            format!("  parameters averaged over ~{}", e.horizon),
+            e.final_val_loss
+        );
+    }
 }
 
 /// What both commands print after the table: the comparisons, then the plot if asked for.
@@ -1107,6 +1217,17 @@ mod tests {
         s.quorum = 0;
         let plain = s.run_diloco("p", 3, 5, recipe.codec, 0.0, 10).unwrap();
         assert_eq!(full.curve, plain.curve);
+        // Averaging the parameters is evaluated beside the run, which it leaves unchanged.
+        s.ema_horizons = vec![5, 1_000_000];
+        let avg = s.run_diloco("a", 3, 5, recipe.codec, 0.0, 10).unwrap();
+        assert_eq!(avg.curve, plain.curve);
+        assert_eq!(avg.ema.len(), 2);
+        // A horizon far beyond the run weighs both rounds alike: not the last θ, but trained.
+        assert!(avg.ema[1].final_val_loss < avg.curve[0].1, "{:?}", avg.ema);
+        assert_ne!(avg.ema[1].final_val_loss, avg.final_val_loss);
+        let single = s.run_single("s", 10, 1, 5).unwrap();
+        assert_eq!(single.ema.len(), 2);
+        assert!(single.ema[0].final_val_loss < single.curve[0].1);
     }
 
     fn run(name: &str, k: usize, codec: &str, drop: f64, steps: u32, curve: &[f32]) -> RunResult {
@@ -1129,7 +1250,27 @@ mod tests {
                 .collect(),
             tokens_per_sec: 0.0,
             wall_secs: 0.0,
+            ema: vec![],
         }
+    }
+
+    #[test]
+    fn a_parameter_average_weighs_by_time_held_and_forgets_the_start() {
+        let mut e = ParamEma::new(100, 2);
+        e.update(&[1.0, -2.0], 50);
+        // One vector so far: the average is that vector, not pulled towards zero.
+        assert_eq!(e.average(), vec![1.0, -2.0]);
+        // A second vector held for as long weighs exp(-1/2)-relatively less for the first.
+        e.update(&[3.0, 0.0], 50);
+        let keep = (-0.5f64).exp();
+        let w_first = keep * (1.0 - keep) / (keep * (1.0 - keep) + (1.0 - keep));
+        let want = 1.0 * w_first + 3.0 * (1.0 - w_first);
+        let got = e.average();
+        assert!((got[0] as f64 - want).abs() < 1e-6, "{got:?} vs {want}");
+        assert!(got[0] > 2.0, "the newer vector weighs more: {got:?}");
+        // Held much longer than the horizon, the newest vector is all that is left.
+        e.update(&[7.0, 7.0], 10_000);
+        assert_eq!(e.average(), vec![7.0, 7.0]);
     }
 
     #[test]
