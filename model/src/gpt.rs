@@ -152,6 +152,22 @@ pub struct Gpt<B: Backend> {
 }
 
 impl<B: Backend> Gpt<B> {
+    /// The ids of the blocks' weight matrices: what a Muon inner optimizer trains
+    /// ([`crate::InnerConfig::muon`]); embeddings, the head, biases and norms stay with AdamW.
+    pub fn hidden_matrix_ids(&self) -> Vec<burn::module::ParamId> {
+        self.blocks
+            .iter()
+            .flat_map(|b| {
+                [
+                    b.qkv.weight.id,
+                    b.proj.weight.id,
+                    b.ff_in.weight.id,
+                    b.ff_out.weight.id,
+                ]
+            })
+            .collect()
+    }
+
     /// Next-token logits.
     ///
     /// # Shapes

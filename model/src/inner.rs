@@ -3,7 +3,8 @@
 use burn::grad_clipping::GradientClippingConfig;
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::{AdamW, AdamWConfig, AdjustLrFn, GradientsParams, Muon, MuonConfig, Optimizer};
 use burn::prelude::*;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder as _};
 use burn::tensor::backend::AutodiffBackend;
@@ -40,6 +41,10 @@ pub struct InnerConfig {
     pub beta1: f32,
     pub beta2: f32,
     pub epsilon: f32,
+    /// Train the blocks' weight matrices with Muon (Nesterov momentum 0.95, orthogonalised
+    /// updates scaled to AdamW's RMS, the same decoupled weight decay) at this multiple of
+    /// the inner rate; everything else stays with AdamW. `None`: AdamW for all.
+    pub muon: Option<f64>,
 }
 
 impl Default for InnerConfig {
@@ -57,6 +62,7 @@ impl Default for InnerConfig {
             beta1: 0.9,
             beta2: 0.999,
             epsilon: 1e-5,
+            muon: None,
         }
     }
 }
@@ -224,6 +230,8 @@ fn parallel_gradients<B: AutodiffBackend>(
 pub struct InnerTrainer<B: AutodiffBackend> {
     model: Option<Gpt<B>>,
     optim: OptimizerAdaptor<AdamW, Gpt<B>, B>,
+    /// Muon for the blocks' matrices when [`InnerConfig::muon`] asks for it.
+    muon: Option<MuonOptim<B>>,
     cfg: InnerConfig,
     model_cfg: GptConfig,
     steps_taken: u64,
@@ -235,6 +243,7 @@ pub struct InnerTrainer<B: AutodiffBackend> {
 }
 
 type Recorder = BinBytesRecorder<FullPrecisionSettings>;
+type MuonOptim<B> = OptimizerAdaptor<Muon<<B as AutodiffBackend>::InnerBackend>, Gpt<B>, B>;
 
 /// A trainer's state in host memory: θ, and the model and AdamW records (the model record keeps
 /// the parameter ids the AdamW state is keyed by).
@@ -242,6 +251,7 @@ struct Suspended {
     params: Vec<f32>,
     model: Vec<u8>,
     optim: Vec<u8>,
+    muon: Vec<u8>,
 }
 
 fn fresh_adamw<B: AutodiffBackend>(cfg: &InnerConfig) -> OptimizerAdaptor<AdamW, Gpt<B>, B> {
@@ -254,6 +264,15 @@ fn fresh_adamw<B: AutodiffBackend>(cfg: &InnerConfig) -> OptimizerAdaptor<AdamW,
         adamw = adamw.with_grad_clipping(Some(GradientClippingConfig::Norm(cfg.grad_clip)));
     }
     adamw.init()
+}
+
+fn fresh_muon<B: AutodiffBackend>(cfg: &InnerConfig) -> Option<MuonOptim<B>> {
+    cfg.muon?;
+    let mut muon = MuonConfig::new().with_adjust_lr_fn(AdjustLrFn::MatchRmsAdamW);
+    if cfg.weight_decay > 0.0 {
+        muon = muon.with_weight_decay(Some(WeightDecayConfig::new(cfg.weight_decay)));
+    }
+    Some(muon.init())
 }
 
 impl<B: AutodiffBackend> InnerTrainer<B> {
@@ -272,6 +291,7 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
             shapes: flat::param_shapes(&model),
             model: Some(model),
             optim: fresh_adamw(&cfg),
+            muon: fresh_muon::<B>(&cfg),
             cfg,
             model_cfg: model_cfg.clone(),
             steps_taken: 0,
@@ -301,6 +321,11 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
         let optim = Recorder::default()
             .record(optim.to_record(), ())
             .unwrap_or_default();
+        let muon = self
+            .muon
+            .take()
+            .and_then(|m| Recorder::default().record(m.to_record(), ()).ok())
+            .unwrap_or_default();
         let model = Recorder::default()
             .record(model.into_record(), ())
             .unwrap_or_default();
@@ -308,6 +333,7 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
             params,
             model,
             optim,
+            muon,
         });
     }
 
@@ -340,6 +366,15 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
                 Err(_) => optim,
             }
         };
+        self.muon = fresh_muon::<B>(&self.cfg).map(|m| {
+            if s.muon.is_empty() {
+                return m;
+            }
+            match Recorder::default().load(s.muon, &self.device) {
+                Ok(record) => m.load_record(record),
+                Err(_) => m,
+            }
+        });
         self.model = Some(model);
     }
 
@@ -399,8 +434,14 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
         self.load_params(params)?;
         match self.suspended.as_mut() {
             // Stays off the device; `wake` starts AdamW afresh from an empty record.
-            Some(s) => s.optim.clear(),
-            None => self.optim = fresh_adamw(&self.cfg),
+            Some(s) => {
+                s.optim.clear();
+                s.muon.clear();
+            }
+            None => {
+                self.optim = fresh_adamw(&self.cfg);
+                self.muon = fresh_muon::<B>(&self.cfg);
+            }
         }
         Ok(())
     }
@@ -454,6 +495,18 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
                 clip_global_norm(&model, &mut grads, self.cfg.grad_clip);
             }
             let lr = self.current_lr();
+            let model = match (self.muon.as_mut(), self.cfg.muon) {
+                (Some(muon), Some(mult)) => {
+                    let mut matrices = GradientsParams::new();
+                    for id in model.hidden_matrix_ids() {
+                        if let Some(g) = grads.remove::<B::InnerBackend, 2>(id) {
+                            matrices.register(id, g);
+                        }
+                    }
+                    muon.step(lr * mult, model, matrices)
+                }
+                _ => model,
+            };
             self.model = Some(self.optim.step(lr, model, grads));
             self.steps_taken += 1;
             report.steps += 1;
@@ -661,6 +714,41 @@ mod tests {
         });
         assert!(r.yielded);
         assert_eq!(r.steps, 3);
+    }
+
+    #[test]
+    fn muon_trains_the_matrices_and_its_momentum_survives_a_suspend() {
+        let (dev, corpus, cfg, init) = tiny(200_000);
+        let adamw = InnerConfig {
+            lr: 3e-3,
+            warmup_steps: 5,
+            batch_size: 8,
+            ..Default::default()
+        };
+        let muon = InnerConfig {
+            muon: Some(1.0),
+            ..adamw.clone()
+        };
+        let val = corpus.val_batches(8, 32, 4);
+        let shard = corpus.full_shard();
+        let mut plain = InnerTrainer::<CpuTrain>::new(&cfg, adamw, &init, &dev).unwrap();
+        let mut a = InnerTrainer::<CpuTrain>::new(&cfg, muon.clone(), &init, &dev).unwrap();
+        let mut b = InnerTrainer::<CpuTrain>::new(&cfg, muon, &init, &dev).unwrap();
+        let before = val_loss(&a.eval_model(), &val);
+        let rng = || rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let (mut rp, mut ra, mut rb) = (rng(), rng(), rng());
+        plain.train(&corpus, &shard, &mut rp, 20, &|| false);
+        a.train(&corpus, &shard, &mut ra, 20, &|| false);
+        b.train(&corpus, &shard, &mut rb, 20, &|| false);
+        // Same batches, another optimizer for the matrices: other parameters.
+        assert_ne!(a.params(), plain.params());
+        // Muon's momentum is kept over a suspend, as AdamW's moments are.
+        a.suspend();
+        a.train(&corpus, &shard, &mut ra, 20, &|| false);
+        b.train(&corpus, &shard, &mut rb, 20, &|| false);
+        assert_eq!(a.params(), b.params());
+        let after = val_loss(&a.eval_model(), &val);
+        assert!(after < before - 0.3, "{before} -> {after}");
     }
 
     #[test]

@@ -11,8 +11,8 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use nightshift_model::backend::{CpuTrain, cpu_device};
 use nightshift_model::{
-    Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer,
-    eval, flat, partial_round_scale,
+    Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerReport, InnerTrainer, OuterOptimizer,
+    Shard, Tokenizer, eval, flat, partial_round_scale,
 };
 use nightshift_protocol::{DeltaCodec, delta};
 use rand::{Rng, SeedableRng};
@@ -184,6 +184,20 @@ pub struct ConvergenceArgs {
     /// Training is unchanged; the results go to `ema` in the JSON.
     #[arg(long, value_delimiter = ',')]
     pub eval_ema: Vec<u32>,
+    /// DiLoCo workers send the delta to a moving average of their parameters over the round
+    /// (this horizon in inner steps, as `--eval-ema` weighs them) instead of to where the
+    /// round ended: less of the last steps' noise, at the cost of some lag. 0 is off (what
+    /// nodes do).
+    #[arg(long, default_value_t = 0)]
+    pub tail_avg: u32,
+    /// Train the blocks' weight matrices with Muon at this multiple of the inner rate, in
+    /// every run (single and sync too); embeddings, head, biases and norms stay with AdamW.
+    /// Off by default (nodes use AdamW for all).
+    #[arg(long)]
+    pub inner_muon: Option<f64>,
+    /// DiLoCo workers start every round with fresh AdamW moments (nodes keep theirs).
+    #[arg(long)]
+    pub reset_inner_optim: bool,
     #[command(flatten)]
     pub recipe: SwarmFlags,
 }
@@ -295,6 +309,10 @@ pub struct Setup {
     pub outer_anneal: (u32, f32),
     /// Horizons of the parameter averages evaluated at the end (see `--eval-ema`).
     pub ema_horizons: Vec<u32>,
+    /// Workers send the delta to their averaged parameters (see `--tail-avg`); 0 is off.
+    pub tail_avg: u32,
+    /// Workers start every round with fresh AdamW moments (see `--reset-inner-optim`).
+    pub reset_inner_optim: bool,
 }
 
 /// `--missing`: what stands in for a contribution that did not arrive.
@@ -388,6 +406,8 @@ impl Setup {
             quorum: 0,
             outer_anneal: (0, 0.0),
             ema_horizons: vec![],
+            tail_avg: 0,
+            reset_inner_optim: false,
         })
     }
 
@@ -571,12 +591,27 @@ impl Setup {
             let mut ef_before = Vec::new();
             for (i, (t, rng, shard, ef)) in workers.iter_mut().enumerate() {
                 let t0 = Instant::now();
-                let rep = t.train(&self.corpus, shard, rng, n, &|| false);
+                let (rep, averaged) = if self.tail_avg > 0 {
+                    let mut avg = ParamEma::new(self.tail_avg, theta.len());
+                    let mut rep = InnerReport::default();
+                    let mut loss = 0.0f64;
+                    for _ in 0..n {
+                        let r = t.train(&self.corpus, shard, rng, 1, &|| false);
+                        avg.update(&t.params(), 1);
+                        loss += r.mean_loss as f64;
+                        rep.steps += r.steps;
+                        rep.tokens += r.tokens;
+                    }
+                    rep.mean_loss = (loss / n.max(1) as f64) as f32;
+                    (rep, Some(avg.average()))
+                } else {
+                    (t.train(&self.corpus, shard, rng, n, &|| false), None)
+                };
                 train_secs += t0.elapsed().as_secs_f64();
                 tokens += rep.tokens;
                 since[i] += rep.tokens;
                 round_tokens += since[i];
-                let mut local = t.params();
+                let mut local = averaged.unwrap_or_else(|| t.params());
                 let mut weight = since[i];
                 if self.quorum > 0 {
                     ef_before.push(ef.clone());
@@ -684,7 +719,11 @@ impl Setup {
                 outer.step(&mut theta, &step);
             }
             for (t, ..) in workers.iter_mut() {
-                t.load_params(&theta)?;
+                if self.reset_inner_optim {
+                    t.reset(&theta)?;
+                } else {
+                    t.load_params(&theta)?;
+                }
             }
             done += n;
             emas.iter_mut().for_each(|e| e.update(&theta, n));
@@ -737,6 +776,12 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     }
     if a.outer_anneal_rounds > 0 {
         schedule += &format!(" anneal={}->{}", a.outer_anneal_rounds, a.outer_lr_end);
+    }
+    if a.tail_avg > 0 {
+        schedule += &format!(" tail-avg={}", a.tail_avg);
+    }
+    if a.reset_inner_optim {
+        schedule += " reset-adamw";
     }
     let diloco = |k: usize, h: u32, codec: DeltaCodec, drop: f64, suffix: String| {
         (
@@ -838,7 +883,13 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
         bail!("--eval-ema horizons must be positive");
     }
     setup.ema_horizons = a.eval_ema.clone();
+    setup.tail_avg = a.tail_avg;
+    setup.reset_inner_optim = a.reset_inner_optim;
     setup.inner.beta1 = a.inner_beta1;
+    if a.inner_muon.is_some_and(|m| !(m > 0.0 && m.is_finite())) {
+        bail!("--inner-muon must be a positive multiple of the inner rate");
+    }
+    setup.inner.muon = a.inner_muon;
     setup.inner.beta2 = a.inner_beta2;
     setup.inner.epsilon = a.inner_eps;
     setup.missing = a.missing;
