@@ -4,7 +4,7 @@ use ed25519_dalek::SigningKey;
 use nightshift_model::backend::{Cpu, cpu_device};
 use nightshift_model::data::{EMBEDDED_CORPUS, EMBEDDED_NAME};
 use nightshift_model::{GptConfig, Tokenizer, flat};
-use nightshift_protocol::manifest::{DataSpec, MANIFEST_VERSION};
+use nightshift_protocol::manifest::{DataSpec, InnerOptimizer, MANIFEST_VERSION};
 use nightshift_protocol::{
     DeltaCodec, Hash32, Manifest, ModelSpec, SignedManifest, StateSnapshot, TrainingSpec,
 };
@@ -52,6 +52,7 @@ pub struct SwarmSettings {
     pub warmup_steps: u32,
     pub weight_decay: f32,
     pub grad_clip: f32,
+    pub inner_optimizer: InnerOptimizer,
     pub outer_lr: f32,
     pub outer_momentum: f32,
     pub codec: DeltaCodec,
@@ -75,6 +76,7 @@ impl Default for SwarmSettings {
             warmup_steps: 200,
             weight_decay: 0.1,
             grad_clip: 1.0,
+            inner_optimizer: InnerOptimizer::AdamW,
             outer_lr: 0.7,
             outer_momentum: 0.8,
             // int4 was free against fp32 at T = 1000 (BENCHMARKS.md) and sends half of int8.
@@ -178,6 +180,7 @@ pub fn build_manifest(
             warmup_steps: s.warmup_steps,
             weight_decay: s.weight_decay,
             grad_clip: s.grad_clip,
+            inner_optimizer: s.inner_optimizer,
             outer_lr: s.outer_lr,
             outer_momentum: s.outer_momentum,
             codec: s.codec,

@@ -190,11 +190,6 @@ pub struct ConvergenceArgs {
     /// nodes do).
     #[arg(long, default_value_t = 0)]
     pub tail_avg: u32,
-    /// Train the blocks' weight matrices with Muon at this multiple of the inner rate, in
-    /// every run (single and sync too); embeddings, head, biases and norms stay with AdamW.
-    /// Off by default (nodes use AdamW for all).
-    #[arg(long)]
-    pub inner_muon: Option<f64>,
     /// DiLoCo workers start every round with fresh AdamW moments (nodes keep theirs).
     #[arg(long)]
     pub reset_inner_optim: bool,
@@ -383,6 +378,7 @@ impl Setup {
             weight_decay: s.weight_decay,
             grad_clip: s.grad_clip,
             clip_global: true,
+            muon: s.inner_optimizer.muon_lr_mult(),
             ..InnerConfig::default()
         };
         Ok(Setup {
@@ -886,10 +882,6 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.tail_avg = a.tail_avg;
     setup.reset_inner_optim = a.reset_inner_optim;
     setup.inner.beta1 = a.inner_beta1;
-    if a.inner_muon.is_some_and(|m| !(m > 0.0 && m.is_finite())) {
-        bail!("--inner-muon must be a positive multiple of the inner rate");
-    }
-    setup.inner.muon = a.inner_muon;
     setup.inner.beta2 = a.inner_beta2;
     setup.inner.epsilon = a.inner_eps;
     setup.missing = a.missing;
@@ -1181,6 +1173,7 @@ mod tests {
             inner_lr: 3e-3,
             warmup_steps: 2,
             weight_decay: 0.1,
+            inner_optimizer: nightshift_protocol::InnerOptimizer::AdamW,
             outer_lr: 0.7,
             outer_momentum: 0.9,
             deadline_secs: 60,

@@ -6,7 +6,7 @@ use ed25519_dalek::SigningKey;
 use libp2p::Multiaddr;
 use libp2p::multiaddr::Protocol;
 use nightshift_bootstrap::{SwarmSettings, build_manifest, generate_key, read_key, write_key};
-use nightshift_protocol::{DeltaCodec, Hash32, Request, Response, SignedManifest};
+use nightshift_protocol::{DeltaCodec, Hash32, InnerOptimizer, Request, Response, SignedManifest};
 use std::path::{Path, PathBuf};
 use tokio::sync::watch;
 use tracing::info;
@@ -93,6 +93,11 @@ pub struct SwarmFlags {
     /// AdamW's decoupled weight decay in the inner steps (the recipe's 0.1).
     #[arg(long, default_value_t = 0.1)]
     pub weight_decay: f32,
+    /// Inner optimizer: `adamw` (every parameter), or `muon[:MULT]` (Muon for the blocks'
+    /// weight matrices at MULT times `--inner-lr`, with updates scaled to AdamW's RMS and the
+    /// same weight decay; AdamW for the rest).
+    #[arg(long, default_value = "adamw")]
+    pub inner_optimizer: InnerOptimizer,
     /// Outer Nesterov learning rate (tuned at H = 50; shorter rounds want a smaller outer step:
     /// at H = 10, 0.5 with momentum 0.8, or 0.7 with momentum 0.6; BENCHMARKS.md).
     #[arg(long, default_value_t = 0.7)]
@@ -121,6 +126,7 @@ impl SwarmFlags {
             inner_lr: self.inner_lr,
             warmup_steps: self.warmup_steps,
             weight_decay: self.weight_decay,
+            inner_optimizer: self.inner_optimizer,
             outer_lr: self.outer_lr,
             outer_momentum: self.outer_momentum,
             codec: self.codec,

@@ -324,10 +324,11 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     let swarm_id = manifest.swarm_id().to_hex();
     let m = &manifest.manifest.model;
     println!(
-        "nightshift demo: {} nodes, {} rounds of H={} inner steps, codec {}, model d={} L={} ({} symbols), corpus {}",
+        "nightshift demo: {} nodes, {} rounds of H={} inner steps ({}), codec {}, model d={} L={} ({} symbols), corpus {}",
         args.nodes,
         args.rounds,
         settings.inner_steps,
+        settings.inner_optimizer,
         settings.codec,
         m.d_model,
         m.n_layers,

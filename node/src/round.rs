@@ -287,6 +287,7 @@ impl<B: AutodiffBackend> Driver<B> {
             grad_clip: m.training.grad_clip,
             clip_global: true,
             threads: opts.threads,
+            muon: m.training.inner_optimizer.muon_lr_mult(),
             ..InnerConfig::default()
         };
         let trainer = InnerTrainer::<B>::new(&cfg, inner, &state.params, &device)?;

@@ -20,7 +20,9 @@ pub mod wire;
 
 pub use delta::{DeltaCodec, DeltaError, EncodedDelta};
 pub use hash::Hash32;
-pub use manifest::{Manifest, ManifestError, ModelSpec, SignedManifest, TrainingSpec};
+pub use manifest::{
+    InnerOptimizer, Manifest, ManifestError, ModelSpec, SignedManifest, TrainingSpec,
+};
 pub use message::{
     Contribution, MAX_EXPECTED, NodeRole, Request, Response, StateChunk, StateSnapshot, Status,
     WindowRecord, WindowState,

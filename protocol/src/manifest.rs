@@ -9,8 +9,65 @@ use crate::{DeltaCodec, Hash32, wire};
 
 /// Domain tag of manifest signatures.
 pub const MANIFEST_DOMAIN: &[u8] = b"nightshift/manifest/v1\0";
-/// Manifest format version.
-pub const MANIFEST_VERSION: u32 = 1;
+/// Manifest format version (2: the inner optimizer).
+pub const MANIFEST_VERSION: u32 = 2;
+
+/// The optimizer of the inner steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub enum InnerOptimizer {
+    /// AdamW for every parameter (the DiLoCo paper's inner optimizer).
+    #[default]
+    AdamW,
+    /// Muon (orthogonalised Nesterov-momentum updates scaled to AdamW's RMS) for the
+    /// transformer blocks' weight matrices at `lr_mult` times the inner rate, AdamW for the
+    /// embeddings, the head, biases and norms (MuLoCo, arXiv 2505.23725; BENCHMARKS.md).
+    Muon { lr_mult: f32 },
+}
+
+impl InnerOptimizer {
+    /// Muon's rate as a multiple of the inner rate; `None` for AdamW alone.
+    pub fn muon_lr_mult(&self) -> Option<f64> {
+        match self {
+            InnerOptimizer::AdamW => None,
+            InnerOptimizer::Muon { lr_mult } => Some(*lr_mult as f64),
+        }
+    }
+}
+
+impl std::fmt::Display for InnerOptimizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InnerOptimizer::AdamW => f.write_str("adamw"),
+            InnerOptimizer::Muon { lr_mult } if *lr_mult == 1.0 => f.write_str("muon"),
+            InnerOptimizer::Muon { lr_mult } => write!(f, "muon:{lr_mult}"),
+        }
+    }
+}
+
+impl std::str::FromStr for InnerOptimizer {
+    type Err = String;
+
+    /// Parses `adamw`, `muon` or `muon:MULT` (Muon's rate as a multiple of the inner rate).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, arg) = match s.split_once(':') {
+            Some((n, a)) => (n, Some(a)),
+            None => (s, None),
+        };
+        match (name.to_ascii_lowercase().as_str(), arg) {
+            ("adamw", None) => Ok(InnerOptimizer::AdamW),
+            ("muon", None) => Ok(InnerOptimizer::Muon { lr_mult: 1.0 }),
+            ("muon", Some(a)) => match a.parse::<f32>() {
+                Ok(m) if m > 0.0 && m.is_finite() => Ok(InnerOptimizer::Muon { lr_mult: m }),
+                _ => Err(format!(
+                    "Muon's rate multiple must be a positive number, not {a:?} (in {s:?})"
+                )),
+            },
+            _ => Err(format!(
+                "unknown inner optimizer {s:?}: expected adamw, muon or muon:MULT"
+            )),
+        }
+    }
+}
 
 /// The model architecture (a character-level GPT).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -48,6 +105,9 @@ pub struct TrainingSpec {
     /// Largest global L2 norm of all inner gradients together (PyTorch's `clip_grad_norm_`); 0
     /// disables clipping.
     pub grad_clip: f32,
+    /// The inner optimizer (absent from a version-1 manifest, which is refused anyway).
+    #[serde(default)]
+    pub inner_optimizer: InnerOptimizer,
     pub outer_lr: f32,
     pub outer_momentum: f32,
     pub codec: DeltaCodec,
@@ -83,7 +143,10 @@ pub struct SignedManifest {
 /// Why a manifest was refused.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ManifestError {
-    #[error("manifest version {0} is not supported")]
+    #[error(
+        "manifest version {0} is not supported (this build reads version {MANIFEST_VERSION}): \
+         create the swarm again with `nightshift swarm init`"
+    )]
     Version(u32),
     #[error("manifest signature is malformed or does not verify")]
     BadSignature,
@@ -178,6 +241,11 @@ impl SignedManifest {
         if let Err(e) = t.codec.validate() {
             return bad(&format!("codec {}: {e}", t.codec));
         }
+        if let InnerOptimizer::Muon { lr_mult } = t.inner_optimizer
+            && !(lr_mult > 0.0 && lr_mult.is_finite() && lr_mult <= 1000.0)
+        {
+            return bad("Muon's rate multiple must be within (0, 1000]");
+        }
         Ok(())
     }
 }
@@ -206,6 +274,7 @@ pub(crate) mod tests {
                 warmup_steps: 1,
                 weight_decay: 0.1,
                 grad_clip: 1.0,
+                inner_optimizer: InnerOptimizer::Muon { lr_mult: 1.0 },
                 outer_lr: 0.7,
                 outer_momentum: 0.9,
                 codec: DeltaCodec::Int8 { block: 64 },
@@ -259,5 +328,36 @@ pub(crate) mod tests {
             block: 256,
         };
         assert!(m.sign(&key).verify().is_ok());
+        let mut m = sample();
+        m.training.inner_optimizer = InnerOptimizer::Muon { lr_mult: f32::NAN };
+        assert!(matches!(
+            m.sign(&key).verify(),
+            Err(ManifestError::Invalid(e)) if e.contains("Muon")
+        ));
+    }
+
+    #[test]
+    fn a_version_1_manifest_is_refused_with_what_to_do() {
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let mut m = sample();
+        m.version = 1;
+        let err = m.sign(&key).verify().unwrap_err();
+        assert_eq!(err, ManifestError::Version(1));
+        assert!(err.to_string().contains("swarm init"), "{err}");
+    }
+
+    #[test]
+    fn inner_optimizers_parse_and_print_back() {
+        for s in ["adamw", "muon", "muon:2", "muon:0.5"] {
+            let o: InnerOptimizer = s.parse().unwrap();
+            assert_eq!(o.to_string(), s);
+        }
+        assert_eq!(
+            "Muon:1".parse::<InnerOptimizer>(),
+            Ok(InnerOptimizer::Muon { lr_mult: 1.0 })
+        );
+        for bad in ["sgd", "muon:0", "muon:-1", "muon:x", "adamw:2", "muon:inf"] {
+            assert!(bad.parse::<InnerOptimizer>().is_err(), "{bad}");
+        }
     }
 }
