@@ -76,7 +76,8 @@ impl Default for SwarmSettings {
             warmup_steps: 200,
             weight_decay: 0.1,
             grad_clip: 1.0,
-            inner_optimizer: InnerOptimizer::AdamW,
+            // Muon for the matrices ended DiLoCo and sync several percent lower (BENCHMARKS.md).
+            inner_optimizer: InnerOptimizer::Muon { lr_mult: 1.0 },
             outer_lr: 0.7,
             outer_momentum: 0.8,
             // int4 was free against fp32 at T = 1000 (BENCHMARKS.md) and sends half of int8.

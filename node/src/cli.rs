@@ -93,10 +93,12 @@ pub struct SwarmFlags {
     /// AdamW's decoupled weight decay in the inner steps (the recipe's 0.1).
     #[arg(long, default_value_t = 0.1)]
     pub weight_decay: f32,
-    /// Inner optimizer: `adamw` (every parameter), or `muon[:MULT]` (Muon for the blocks'
-    /// weight matrices at MULT times `--inner-lr`, with updates scaled to AdamW's RMS and the
-    /// same weight decay; AdamW for the rest).
-    #[arg(long, default_value = "adamw")]
+    /// Inner optimizer: `muon[:MULT]` (Muon for the blocks' weight matrices at MULT times
+    /// `--inner-lr`, with updates scaled to AdamW's RMS and the same weight decay; AdamW for the
+    /// embeddings, head, biases and norms) or `adamw` (every parameter; the DiLoCo paper's).
+    /// Muon ended DiLoCo and synchronous training several percent lower at equal tokens
+    /// (BENCHMARKS.md, thirteenth pass).
+    #[arg(long, default_value = "muon")]
     pub inner_optimizer: InnerOptimizer,
     /// Outer Nesterov learning rate (tuned at H = 50; shorter rounds want a smaller outer step:
     /// at H = 10, 0.5 with momentum 0.8, or 0.7 with momentum 0.6; BENCHMARKS.md).
