@@ -659,6 +659,7 @@ impl Setup {
                     *ef = before;
                 }
                 done += n;
+                emas.iter_mut().for_each(|e| e.update(&theta, n));
                 let last = curve.last().map_or(f32::NAN, |c| c.1);
                 curve.push((done, last));
                 continue;
