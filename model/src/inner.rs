@@ -547,16 +547,20 @@ mod tests {
         (dev, corpus, cfg, init)
     }
 
-    #[test]
-    fn a_few_inner_steps_lower_the_validation_loss() {
-        let (dev, corpus, cfg, init) = tiny(200_000);
-        let inner = InnerConfig {
+    /// Settings that train the tiny model visibly in a few dozen steps.
+    fn quick() -> InnerConfig {
+        InnerConfig {
             lr: 3e-3,
             warmup_steps: 5,
             batch_size: 8,
             ..Default::default()
-        };
-        let mut t = InnerTrainer::<CpuTrain>::new(&cfg, inner, &init, &dev).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_few_inner_steps_lower_the_validation_loss() {
+        let (dev, corpus, cfg, init) = tiny(200_000);
+        let mut t = InnerTrainer::<CpuTrain>::new(&cfg, quick(), &init, &dev).unwrap();
         let val = corpus.val_batches(8, 32, 4);
         let before = val_loss(&t.eval_model(), &val);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
@@ -719,12 +723,7 @@ mod tests {
     #[test]
     fn muon_trains_the_matrices_and_its_momentum_survives_a_suspend() {
         let (dev, corpus, cfg, init) = tiny(200_000);
-        let adamw = InnerConfig {
-            lr: 3e-3,
-            warmup_steps: 5,
-            batch_size: 8,
-            ..Default::default()
-        };
+        let adamw = quick();
         let muon = InnerConfig {
             muon: Some(1.0),
             ..adamw.clone()
