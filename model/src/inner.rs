@@ -45,6 +45,8 @@ pub struct InnerConfig {
     /// updates scaled to AdamW's RMS, the same decoupled weight decay) at this multiple of
     /// the inner rate; everything else stays with AdamW. `None`: AdamW for all.
     pub muon: Option<f64>,
+    /// Newton–Schulz iterations Muon orthogonalises each update with (burn's default: 5).
+    pub muon_ns_steps: usize,
 }
 
 impl Default for InnerConfig {
@@ -63,6 +65,7 @@ impl Default for InnerConfig {
             beta2: 0.999,
             epsilon: 1e-5,
             muon: None,
+            muon_ns_steps: 5,
         }
     }
 }
@@ -268,7 +271,9 @@ fn fresh_adamw<B: AutodiffBackend>(cfg: &InnerConfig) -> OptimizerAdaptor<AdamW,
 
 fn fresh_muon<B: AutodiffBackend>(cfg: &InnerConfig) -> Option<MuonOptim<B>> {
     cfg.muon?;
-    let mut muon = MuonConfig::new().with_adjust_lr_fn(AdjustLrFn::MatchRmsAdamW);
+    let mut muon = MuonConfig::new()
+        .with_adjust_lr_fn(AdjustLrFn::MatchRmsAdamW)
+        .with_ns_steps(cfg.muon_ns_steps.max(1));
     if cfg.weight_decay > 0.0 {
         muon = muon.with_weight_decay(Some(WeightDecayConfig::new(cfg.weight_decay)));
     }

@@ -12,7 +12,7 @@ use clap::{Args, Subcommand};
 use nightshift_model::backend::{CpuTrain, cpu_device};
 use nightshift_model::{
     Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerReport, InnerTrainer, OuterOptimizer,
-    Shard, Tokenizer, eval, flat, partial_round_scale,
+    Shard, Tokenizer, eval, flat, partial_round_scale, update_noise,
 };
 use nightshift_protocol::{DeltaCodec, delta};
 use rand::{Rng, SeedableRng};
@@ -24,7 +24,9 @@ use std::time::Instant;
 
 use crate::cli::SwarmFlags;
 use crate::plot::{Series, line_chart};
-use crate::round::accept::{Accepted, Late, aggregate, encode_delta, merge_late, round_step};
+use crate::round::accept::{
+    Accepted, Late, aggregate, encode_delta, merge_late, missed_correction, round_step,
+};
 
 /// `nightshift bench ...`
 #[derive(Subcommand, Debug)]
@@ -106,6 +108,11 @@ pub struct ConvergenceArgs {
     /// newer delta waits. Measured worse than losing it (BENCHMARKS.md); nodes do not resend.
     #[arg(long, conflicts_with = "carry_dropped")]
     pub resend_dropped: bool,
+    /// A dropped contribution's sender adds to its error feedback what the round it missed
+    /// still owes: its delta less its share of the step the round took
+    /// (`accept::missed_correction`), delivered with its next contribution.
+    #[arg(long, conflicts_with_all = ["carry_dropped", "resend_dropped"])]
+    pub carry_missed: bool,
     /// A round that gathered fewer than this many contributions is not applied: θ stays where
     /// it is, every worker trains on from its own parameters, and its next delta (against the
     /// same θ) carries both rounds' work with both rounds' tokens. The last round is always
@@ -153,6 +160,9 @@ pub struct ConvergenceArgs {
     /// Where the cosine schedule ends, as a fraction of the inner learning rate.
     #[arg(long, default_value_t = 0.1)]
     pub final_lr_frac: f64,
+    /// Newton–Schulz iterations of Muon's orthogonalisation, every run (nodes use burn's 5).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub muon_ns_steps: u32,
     /// AdamW's first-moment decay rate for every run (nodes use burn's 0.9).
     #[arg(long, default_value_t = 0.9)]
     pub inner_beta1: f32,
@@ -286,6 +296,8 @@ pub struct Setup {
     pub carry_dropped: bool,
     /// Resend a dropped contribution with the next one (see `--resend-dropped`).
     pub resend_dropped: bool,
+    /// Carry what a dropped contribution's round still owes (see `--carry-missed`).
+    pub carry_missed: bool,
     /// Drop what a lossy codec could not carry (see `--no-feedback`).
     pub no_feedback: bool,
     /// DiLoCo workers sample contiguous shards rather than the whole split (see `--shards`).
@@ -326,6 +338,8 @@ pub enum Missing {
 pub enum Shrink {
     Fixed(f64),
     Auto,
+    /// `auto` with one noise ratio, and one scale, per parameter tensor.
+    Tensor,
 }
 
 impl std::str::FromStr for Shrink {
@@ -333,6 +347,9 @@ impl std::str::FromStr for Shrink {
     fn from_str(s: &str) -> Result<Self, String> {
         if s == "auto" {
             return Ok(Shrink::Auto);
+        }
+        if s == "tensor" {
+            return Ok(Shrink::Tensor);
         }
         match s.parse::<f64>() {
             Ok(r) if r >= 0.0 && r.is_finite() => Ok(Shrink::Fixed(r)),
@@ -348,6 +365,7 @@ impl std::fmt::Display for Shrink {
         match self {
             Shrink::Fixed(r) => write!(f, "{r}"),
             Shrink::Auto => f.write_str("auto"),
+            Shrink::Tensor => f.write_str("tensor"),
         }
     }
 }
@@ -393,6 +411,7 @@ impl Setup {
             seed: s.init_seed,
             carry_dropped: false,
             resend_dropped: false,
+            carry_missed: false,
             no_feedback: false,
             contiguous_shards: true,
             cosine: false,
@@ -563,6 +582,8 @@ impl Setup {
         let mut theta = self.genesis.clone();
         let mut outer = OuterOptimizer::new(self.outer_lr, self.outer_momentum, theta.len());
         let mut noise: Option<f64> = None;
+        // `--partial-shrink tensor`: each tensor's running noise ratio.
+        let mut tensor_noise: Vec<Option<f64>> = vec![None; self.shapes.len()];
         // A dropped contribution waiting to be resent with the worker's next one.
         let mut pending: Vec<Option<Late>> = vec![None; k];
         let mut curve = vec![(0, self.val_loss(&mut workers[0].0))];
@@ -582,6 +603,8 @@ impl Setup {
             round += 1;
             let n = len.min(steps - done);
             let mut collected = BTreeMap::new();
+            // This round's dropped contributions (worker, delta sent) when `--carry-missed`.
+            let mut missed: Vec<(usize, Vec<f32>)> = Vec::new();
             let mut round_tokens = 0u64;
             // Each worker's error feedback before this round, restored if the round is not applied.
             let mut ef_before = Vec::new();
@@ -625,6 +648,9 @@ impl Setup {
                 if drops.random::<f64>() < drop {
                     if self.carry_dropped {
                         ef.carry(&sent);
+                    }
+                    if self.carry_missed {
+                        missed.push((i, sent.clone()));
                     }
                     if self.resend_dropped {
                         // At most one round late: only this round's own delta waits.
@@ -679,7 +705,33 @@ impl Setup {
                     }
                     None => (noise.unwrap_or(0.0), 1.0, None),
                 },
+                Shrink::Tensor => {
+                    let step = avg.clone().map(|mut a| {
+                        let deltas: Vec<&[f32]> =
+                            collected.values().map(|c| c.delta.as_slice()).collect();
+                        let mut at = 0;
+                        for (shape, r) in self.shapes.iter().zip(tensor_noise.iter_mut()) {
+                            let len: usize = shape.iter().product();
+                            let part: Vec<&[f32]> =
+                                deltas.iter().map(|d| &d[at..at + len]).collect();
+                            *r = update_noise(*r, &part);
+                            let s = partial_round_scale(
+                                r.unwrap_or(0.0),
+                                k as f64,
+                                collected.len() as f64,
+                            );
+                            a[at..at + len].iter_mut().for_each(|v| *v *= s);
+                            at += len;
+                        }
+                        a
+                    });
+                    (0.0, 1.0, step)
+                }
             };
+            for (i, sent) in missed {
+                let owed = missed_correction(&sent, avg.as_deref(), collected.len(), k, scale);
+                workers[i].3.carry(&owed);
+            }
             let step = if self.missing == Missing::Ema && n_eff < k as f64 {
                 // s·avg + (1 − s)·(1 − μ)·b, s the arrivals' share (or the shrinkage factor).
                 let s = if r > 0.0 {
@@ -804,6 +856,7 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
             let mut how = match (a.carry_dropped, a.missing) {
                 (true, _) => " carried".to_string(),
                 _ if a.resend_dropped => " resent".to_string(),
+                _ if a.carry_missed => " missed-carried".to_string(),
                 (false, Missing::Zero) => " missing=zero".to_string(),
                 (false, Missing::Ema) => " missing=ema".to_string(),
                 (false, Missing::Counted) => String::new(),
@@ -868,6 +921,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     let mut setup = Setup::new(&a.recipe, a.val_batches)?;
     setup.carry_dropped = a.carry_dropped;
     setup.resend_dropped = a.resend_dropped;
+    setup.carry_missed = a.carry_missed;
     setup.no_feedback = a.no_feedback;
     setup.contiguous_shards = a.shards == "contiguous";
     setup.inner.clip_global = a.clip == "global";
@@ -883,6 +937,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     setup.tail_avg = a.tail_avg;
     setup.reset_inner_optim = a.reset_inner_optim;
     setup.inner.beta1 = a.inner_beta1;
+    setup.inner.muon_ns_steps = a.muon_ns_steps as usize;
     setup.inner.beta2 = a.inner_beta2;
     setup.inner.epsilon = a.inner_eps;
     setup.missing = a.missing;

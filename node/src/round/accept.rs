@@ -227,6 +227,29 @@ pub fn round_step(
     })
 }
 
+/// What a contribution that a round did not count should add to its sender's next delta (its
+/// error-feedback residual) so that, delivered later, the swarm ends where the full round would
+/// have taken it: its own delta less its share of what the round already applied. The full
+/// round's mean is `(arrived·m + Σ missed Δ) / planned`; the round applied `scale·m` (`m` the
+/// mean of what arrived); spreading the difference over the `planned − arrived` missed senders
+/// gives each `Δ − m·(planned·scale − arrived)/(planned − arrived)`. Carrying the whole delta
+/// instead counts again what the others' deltas already moved θ by (measured: it overshoots).
+/// Equal tokens per contribution are assumed; `mean` is `None` when nothing arrived.
+pub fn missed_correction(
+    own: &[f32],
+    mean: Option<&[f32]>,
+    arrived: usize,
+    planned: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let Some(m) = mean.filter(|m| m.len() == own.len()) else {
+        return own.to_vec();
+    };
+    let missed = planned.saturating_sub(arrived).max(1) as f32;
+    let f = (planned as f32 * scale - arrived as f32) / missed;
+    own.iter().zip(m).map(|(d, m)| d - f * m).collect()
+}
+
 /// The state the swarm should continue from, given every (state hash, contributors) seen for
 /// one round: the hash held by most nodes; on a tie the one formed by more contributions; then
 /// the smallest hash. Every node applying this to the same views picks the same state.
@@ -250,6 +273,42 @@ mod tests {
     use nightshift_protocol::signed::EnvelopeHeader;
 
     const N: usize = 64;
+
+    #[test]
+    fn missed_corrections_complete_the_round_they_missed() {
+        let deltas = [
+            vec![1.0f32, -2.0, 0.5],
+            vec![3.0, 1.0, -1.0],
+            vec![-1.0, 0.0, 2.0],
+            vec![0.5, 4.0, 1.0],
+        ];
+        let full: Vec<f32> = (0..3)
+            .map(|j| deltas.iter().map(|d| d[j]).sum::<f32>() / 4.0)
+            .collect();
+        for (arrived, scale) in [(1usize, 0.3f32), (2, 0.8), (3, 1.0), (0, 1.0)] {
+            let mean: Option<Vec<f32>> = (arrived > 0).then(|| {
+                (0..3)
+                    .map(|j| deltas[..arrived].iter().map(|d| d[j]).sum::<f32>() / arrived as f32)
+                    .collect()
+            });
+            // What the round applied, plus every missed sender's correction delivered later
+            // (spread over the planned contributions), is the full round's mean.
+            for j in 0..3 {
+                let applied = mean.as_ref().map_or(0.0, |m| scale * m[j]);
+                let carried: f32 = deltas[arrived..]
+                    .iter()
+                    .map(|d| missed_correction(d, mean.as_deref(), arrived, 4, scale)[j])
+                    .sum::<f32>()
+                    / 4.0;
+                assert!(
+                    (applied + carried - full[j]).abs() < 1e-5,
+                    "arrived {arrived}, scale {scale}: {} vs {}",
+                    applied + carried,
+                    full[j]
+                );
+            }
+        }
+    }
 
     fn key(i: u8) -> SigningKey {
         SigningKey::from_bytes(&[i; 32])
