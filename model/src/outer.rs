@@ -133,8 +133,9 @@ impl ErrorFeedback {
 
     /// The round closed without counting the contribution that carried `sent` (it was lost on
     /// the way, late, or the node was cut off): carry it to the next delta too, so that the
-    /// work is delivered late instead of never. Only `bench convergence --carry-dropped` uses
-    /// it: stale work added on top of a later round's step was measured to hurt (BENCHMARKS.md).
+    /// work is delivered late instead of never. Only `bench convergence --carry-dropped` (the
+    /// whole delta) and `--carry-missed` (what the round still owed it) use it: stale work added
+    /// on top of a later round's step was measured to hurt in both forms (BENCHMARKS.md).
     pub fn carry(&mut self, sent: &[f32]) {
         if self.residual.len() == sent.len() {
             self.residual
