@@ -355,7 +355,7 @@ impl std::str::FromStr for Shrink {
         match s.parse::<f64>() {
             Ok(r) if r >= 0.0 && r.is_finite() => Ok(Shrink::Fixed(r)),
             _ => Err(format!(
-                "--partial-shrink takes a non-negative number or `auto`, not {s:?}"
+                "--partial-shrink takes a non-negative number, `auto` or `tensor`, not {s:?}"
             )),
         }
     }
@@ -708,22 +708,7 @@ impl Setup {
                 },
                 Shrink::Tensor => {
                     let step = avg.clone().map(|mut a| {
-                        let deltas: Vec<&[f32]> =
-                            collected.values().map(|c| c.delta.as_slice()).collect();
-                        let mut at = 0;
-                        for (shape, r) in self.shapes.iter().zip(tensor_noise.iter_mut()) {
-                            let len: usize = shape.iter().product();
-                            let part: Vec<&[f32]> =
-                                deltas.iter().map(|d| &d[at..at + len]).collect();
-                            *r = update_noise(*r, &part);
-                            let s = partial_round_scale(
-                                r.unwrap_or(0.0),
-                                k as f64,
-                                collected.len() as f64,
-                            );
-                            a[at..at + len].iter_mut().for_each(|v| *v *= s);
-                            at += len;
-                        }
+                        shrink_per_tensor(&mut a, &collected, &self.shapes, &mut tensor_noise, k);
                         a
                     });
                     (0.0, 1.0, step)
@@ -796,6 +781,27 @@ impl Setup {
             wall_secs: start.elapsed().as_secs_f64(),
             ema,
         })
+    }
+}
+
+/// `--partial-shrink tensor`: scales each tensor of a round's mean `avg` by the short-round
+/// shrink of its own running noise ratio (`noise`, one per tensor of `shapes`, updated here).
+fn shrink_per_tensor(
+    avg: &mut [f32],
+    collected: &BTreeMap<[u8; 32], Accepted>,
+    shapes: &[Vec<usize>],
+    noise: &mut [Option<f64>],
+    planned: usize,
+) {
+    let deltas: Vec<&[f32]> = collected.values().map(|c| c.delta.as_slice()).collect();
+    let mut at = 0;
+    for (shape, r) in shapes.iter().zip(noise.iter_mut()) {
+        let len: usize = shape.iter().product();
+        let part: Vec<&[f32]> = deltas.iter().map(|d| &d[at..at + len]).collect();
+        *r = update_noise(*r, &part);
+        let s = partial_round_scale(r.unwrap_or(0.0), planned as f64, collected.len() as f64);
+        avg[at..at + len].iter_mut().for_each(|v| *v *= s);
+        at += len;
     }
 }
 
@@ -1469,7 +1475,7 @@ mod tests {
     }
 
     #[test]
-    fn partial_shrink_flag_parses_numbers_and_auto_only() {
+    fn partial_shrink_flag_parses_numbers_and_its_names_only() {
         assert_eq!("auto".parse::<Shrink>(), Ok(Shrink::Auto));
         assert_eq!("2".parse::<Shrink>(), Ok(Shrink::Fixed(2.0)));
         assert!("-1".parse::<Shrink>().is_err());
