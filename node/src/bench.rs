@@ -50,6 +50,13 @@ pub struct ReportArgs {
     /// Write every run's loss curve to one chart (SVG).
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Read every run as if its per-worker budget T had been each of these step counts: its
+    /// curve up to that step, the loss there its final loss, and the comparisons between runs
+    /// cut at the same step. Exact for the constant inner schedule without an outer anneal (the
+    /// defaults: nothing else in a run depends on T); a run whose curve has no point at a step
+    /// is left out there.
+    #[arg(long, value_delimiter = ',')]
+    pub at: Vec<u32>,
 }
 
 /// Flags of `nightshift bench convergence`. The recipe flags (`--preset`, `--inner-lr`, `--codec`,
@@ -272,6 +279,31 @@ impl ParamEma {
 }
 
 impl RunResult {
+    /// This run as if its budget had been `steps` per-worker steps (see `bench report --at`):
+    /// `None` when its curve has no point there or it is longer than the run.
+    pub fn cut_at(&self, steps: u32) -> Option<RunResult> {
+        let end = self.curve.iter().position(|(s, _)| *s == steps)?;
+        if steps == 0 || steps > self.per_worker_steps {
+            return None;
+        }
+        let share = steps as f64 / self.per_worker_steps.max(1) as f64;
+        let rounds = |t: u32| t.div_ceil(self.h.max(1)) as f64;
+        Some(RunResult {
+            name: format!("{} T={steps}", self.name),
+            final_val_loss: self.curve[end].1,
+            tokens: (self.tokens as f64 * share).round() as u64,
+            per_worker_steps: steps,
+            total_bytes: (self.total_bytes as f64 * rounds(steps)
+                / rounds(self.per_worker_steps).max(1.0))
+            .round() as u64,
+            curve: self.curve[..=end].to_vec(),
+            wall_secs: self.wall_secs * share,
+            // The averages were only taken at the end.
+            ema: vec![],
+            ..self.clone()
+        })
+    }
+
     /// First per-worker step count at which the curve reaches `target` (or below).
     pub fn steps_to(&self, target: f32) -> Option<u32> {
         self.curve
@@ -1006,6 +1038,15 @@ pub fn run_report(a: ReportArgs) -> anyhow::Result<Vec<RunResult>> {
         })?;
         results.extend(runs);
     }
+    if !a.at.is_empty() {
+        results =
+            a.at.iter()
+                .flat_map(|&t| results.iter().filter_map(move |r| r.cut_at(t)))
+                .collect();
+        if results.is_empty() {
+            bail!("no run's curve has a point at any of --at {:?}", a.at);
+        }
+    }
     print_header();
     for r in &results {
         print_row(r);
@@ -1472,6 +1513,39 @@ mod tests {
                 .any(|l| l.starts_with("diloco k=2 h=50 half") && l.contains("sync")),
             "compared with sync at other tokens: {lines:#?}"
         );
+    }
+
+    #[test]
+    fn a_run_cut_at_an_earlier_budget_compares_at_that_budget() {
+        let diloco = run("diloco k=4 h=50", 4, "fp32", 0.0, 100, &[4.0, 2.5, 1.8]);
+        let drop = run(
+            "diloco k=4 h=50 drop=0.5",
+            4,
+            "fp32",
+            0.5,
+            100,
+            &[4.0, 3.0, 1.9],
+        );
+        let cut = drop.cut_at(50).expect("the curve has a point at 50");
+        assert_eq!(cut.name, "diloco k=4 h=50 drop=0.5 T=50");
+        assert_eq!(cut.final_val_loss, 3.0);
+        assert_eq!(cut.per_worker_steps, 50);
+        assert_eq!(cut.tokens, drop.tokens / 2);
+        assert_eq!(cut.curve, vec![(0, 4.0), (50, 3.0)]);
+        // No point at 70, nothing after the run's end, nothing at 0.
+        assert!(drop.cut_at(70).is_none());
+        assert!(drop.cut_at(150).is_none());
+        assert!(drop.cut_at(0).is_none());
+        // Cut at the same budget, each run is compared with its own reference there.
+        let lines = comparisons(&[diloco.cut_at(50).unwrap(), cut]);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("diloco k=4 h=50 drop=0.5 T=50")
+                    && l.contains("+20.00 % against no drops (2.5000)")),
+            "{lines:#?}"
+        );
+        assert_eq!(drop.cut_at(100).unwrap().final_val_loss, 1.9);
     }
 
     #[test]
