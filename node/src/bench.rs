@@ -236,6 +236,10 @@ pub struct RunResult {
     /// Final validation loss of each parameter average asked for with `--eval-ema`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ema: Vec<EmaResult>,
+    /// `--seed` of the run (absent from files written before it was recorded): `bench report`
+    /// compares runs of the same seed only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
 }
 
 /// The final validation loss of a moving average of a run's parameters (`--eval-ema`).
@@ -567,6 +571,7 @@ impl Setup {
             tokens_per_sec: tokens as f64 / train_secs.max(1e-9),
             wall_secs: start.elapsed().as_secs_f64(),
             ema,
+            seed: Some(self.seed),
         })
     }
 
@@ -812,6 +817,7 @@ impl Setup {
             tokens_per_sec: tokens as f64 / train_secs.max(1e-9),
             wall_secs: start.elapsed().as_secs_f64(),
             ema,
+            seed: Some(self.seed),
         })
     }
 }
@@ -1124,10 +1130,13 @@ fn write_plot(results: &[RunResult], p: &std::path::Path) -> anyhow::Result<()> 
 pub fn comparisons(results: &[RunResult]) -> Vec<String> {
     let mut out = vec![];
     let is_diloco = |r: &&RunResult| r.name.starts_with("diloco");
-    let single = |t: u32| {
-        results
-            .iter()
-            .find(|r| r.name.starts_with("single") && r.k == 1 && r.per_worker_steps == t)
+    // Runs of different seeds are never compared (a file without seeds matches any).
+    let same_seed =
+        |a: &RunResult, b: &RunResult| a.seed.is_none() || b.seed.is_none() || a.seed == b.seed;
+    let single = |r: &RunResult, t: u32| {
+        results.iter().find(|s| {
+            s.name.starts_with("single") && s.k == 1 && s.per_worker_steps == t && same_seed(r, s)
+        })
     };
     // Sync at equal tokens: the same per-worker steps over as many workers.
     let sync = |r: &RunResult| {
@@ -1135,13 +1144,14 @@ pub fn comparisons(results: &[RunResult]) -> Vec<String> {
             s.name.starts_with("sync")
                 && s.per_worker_steps == r.per_worker_steps
                 && s.tokens == r.tokens
+                && same_seed(r, s)
         })
     };
     for r in results
         .iter()
         .filter(|r| r.name.starts_with("diloco") || r.name.starts_with("sync"))
     {
-        if let Some(s) = single(r.per_worker_steps) {
+        if let Some(s) = single(r, r.per_worker_steps) {
             let t = r.per_worker_steps;
             match r.steps_to(s.final_val_loss) {
                 Some(n) => out.push(format!(
@@ -1156,7 +1166,7 @@ pub fn comparisons(results: &[RunResult]) -> Vec<String> {
         }
     }
     for r in results.iter().filter(is_diloco) {
-        if let Some(s) = single(r.k as u32 * r.per_worker_steps).filter(|_| r.k > 1) {
+        if let Some(s) = single(r, r.k as u32 * r.per_worker_steps).filter(|_| r.k > 1) {
             out.push(format!(
                 "{:<34} final loss {:.4}x one worker's over the same tokens ({} steps)",
                 r.name,
@@ -1184,6 +1194,7 @@ pub fn comparisons(results: &[RunResult]) -> Vec<String> {
                 && b.drop == 0.0
                 && (b.k, b.h) == (r.k, r.h)
                 && b.per_worker_steps == r.per_worker_steps
+                && same_seed(r, b)
         });
         if let Some(b) = fp32 {
             out.push(format!(
@@ -1200,6 +1211,7 @@ pub fn comparisons(results: &[RunResult]) -> Vec<String> {
                 && (b.k, b.h) == (r.k, r.h)
                 && b.codec == r.codec
                 && b.per_worker_steps == r.per_worker_steps
+                && same_seed(r, b)
         });
         if let Some(b) = whole {
             out.push(format!(
@@ -1399,6 +1411,7 @@ mod tests {
             tokens_per_sec: 0.0,
             wall_secs: 0.0,
             ema: vec![],
+            seed: None,
         }
     }
 
@@ -1546,6 +1559,41 @@ mod tests {
             "{lines:#?}"
         );
         assert_eq!(drop.cut_at(100).unwrap().final_val_loss, 1.9);
+    }
+
+    #[test]
+    fn report_compares_runs_of_the_same_seed_only() {
+        let seeded = |name: &str, drop: f64, curve: &[f32], seed: u64| RunResult {
+            seed: Some(seed),
+            ..run(name, 4, "fp32", drop, 100, curve)
+        };
+        let results = [
+            seeded("diloco k=4 h=50", 0.0, &[4.0, 2.5, 2.0], 42),
+            seeded("diloco k=4 h=50", 0.0, &[4.0, 2.5, 1.6], 43),
+            seeded("diloco k=4 h=50 drop=0.5", 0.5, &[4.0, 2.6, 1.8], 43),
+        ];
+        let mut results = results.to_vec();
+        let lines = comparisons(&results);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("+12.50 % against no drops (1.6000)")),
+            "not compared with seed 43's run: {lines:#?}"
+        );
+        // A run of another seed and no reference of its own is not compared.
+        results[2].seed = Some(44);
+        assert!(
+            !comparisons(&results)
+                .iter()
+                .any(|l| l.contains("against no drops")),
+        );
+        // Files written before seeds were recorded still compare.
+        results.iter_mut().for_each(|r| r.seed = None);
+        assert!(
+            comparisons(&results)
+                .iter()
+                .any(|l| l.contains("against no drops (2.0000)"))
+        );
     }
 
     #[test]
