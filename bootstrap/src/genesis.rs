@@ -69,7 +69,9 @@ impl Default for SwarmSettings {
             name: "nightshift".into(),
             preset: "small".into(),
             data: None,
-            inner_steps: 50,
+            // H = 25 ended as low as H = 50 at T = 1000 and lost half as much to dropped
+            // contributions (BENCHMARKS.md, sixteenth pass).
+            inner_steps: 25,
             batch_size: 16,
             // Behind a 200-step warm-up, 3e-3 trained DiLoCo best at T = 1000 (BENCHMARKS.md).
             inner_lr: 3e-3,

@@ -35,8 +35,8 @@ pub struct DemoArgs {
     /// Number of trainer processes.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
-    /// Outer rounds to run.
-    #[arg(long, default_value_t = 6)]
+    /// Outer rounds to run (12 rounds of the default 25 inner steps: 300 steps per node).
+    #[arg(long, default_value_t = 12)]
     pub rounds: u64,
     /// Write the machine-readable report here.
     #[arg(long)]
