@@ -77,7 +77,8 @@ pub struct SwarmFlags {
     #[arg(long, default_value_t = 25)]
     pub inner_steps: u32,
     /// Pseudo-gradient codec: fp32, fp16, int8[:block], int4[:block], topk[:permille] or
-    /// lowrank[:rank[:block]] (weight matrices as rank-r factors in int4: BENCHMARKS.md).
+    /// lowrank[:rank[:block]] (weight matrices as rank-r factors in int4: for AdamW swarms; with
+    /// Muon's full-rank updates it ended 11 % higher: BENCHMARKS.md).
     #[arg(long, default_value = "int4:64")]
     pub codec: DeltaCodec,
     #[arg(long, default_value_t = 16)]
@@ -107,9 +108,10 @@ pub struct SwarmFlags {
     /// 0.7 with momentum 0.6; BENCHMARKS.md).
     #[arg(long, default_value_t = 0.7)]
     pub outer_lr: f32,
-    /// Outer Nesterov momentum (0.8 beat the DiLoCo paper's 0.9 at T = 1000 and H = 50; at
-    /// H = 10, 0.6 is better; BENCHMARKS.md).
-    #[arg(long, default_value_t = 0.8)]
+    /// Outer Nesterov momentum (at H = 25, 0.7 ended DiLoCo as low as 0.8 and lost less to
+    /// dropped contributions on four seeds of five; 0.8 beat the DiLoCo paper's 0.9 at H = 50;
+    /// at H = 10, 0.6 is better; BENCHMARKS.md, sixteenth pass).
+    #[arg(long, default_value_t = 0.7)]
     pub outer_momentum: f32,
     /// Seconds a node waits for the others after its contribution is out.
     #[arg(long, default_value_t = 60)]
