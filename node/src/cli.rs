@@ -62,7 +62,8 @@ pub enum SwarmCommand {
     Init(InitArgs),
 }
 
-/// Settings of a new swarm.
+/// Settings of a new swarm. The defaults are [`SwarmSettings::default`]'s, where the benchmark
+/// that chose them is cited.
 #[derive(Args, Debug, Clone)]
 pub struct SwarmFlags {
     /// Model preset: tiny, small, medium or large.
@@ -74,27 +75,27 @@ pub struct SwarmFlags {
     /// H: inner steps per round. 25 ended DiLoCo as low as 50 at T = 1000 (+0.25 % on the mean
     /// of five seeds), reached one worker's final loss sooner, and halved what dropping half of
     /// the contributions costs (BENCHMARKS.md, sixteenth pass).
-    #[arg(long, default_value_t = 25)]
+    #[arg(long, default_value_t = SwarmSettings::default().inner_steps)]
     pub inner_steps: u32,
     /// Pseudo-gradient codec: fp32, fp16, int8[:block], int4[:block], topk[:permille] or
     /// lowrank[:rank[:block]] (weight matrices as rank-r factors in int4: for AdamW swarms; with
     /// Muon's full-rank updates it ended 11 % higher: BENCHMARKS.md).
     #[arg(long, default_value = "int4:64")]
     pub codec: DeltaCodec,
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = SwarmSettings::default().batch_size)]
     pub batch_size: u32,
     /// AdamW learning rate of the inner steps (behind the 200-step warm-up, 3e-3 ended DiLoCo
     /// lower than 2e-3 on the mean of five seeds at K = 4 and on every seed at K = 8, H = 50;
     /// behind the recipe's 50 steps, 2e-3 beat both 1e-3 and 3e-3: BENCHMARKS.md).
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = SwarmSettings::default().inner_lr)]
     pub inner_lr: f32,
     /// Inner steps over which the rate rises linearly to `--inner-lr`, counted from the node's
     /// start (the recipe's 50 trained DiLoCo worse than 200 on four seeds of five:
     /// BENCHMARKS.md).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = SwarmSettings::default().warmup_steps)]
     pub warmup_steps: u32,
     /// AdamW's decoupled weight decay in the inner steps (the recipe's 0.1).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = SwarmSettings::default().weight_decay)]
     pub weight_decay: f32,
     /// Inner optimizer: `muon[:MULT]` (Muon for the blocks' weight matrices at MULT times
     /// `--inner-lr`, with updates scaled to AdamW's RMS and the same weight decay; AdamW for the
@@ -106,18 +107,18 @@ pub struct SwarmFlags {
     /// Outer Nesterov learning rate (tuned at H = 50 and kept at 25; 0.9 was worse with Muon on
     /// the one seed tried; at H = 10 a smaller outer step is better: 0.5 with momentum 0.8, or
     /// 0.7 with momentum 0.6; BENCHMARKS.md).
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, default_value_t = SwarmSettings::default().outer_lr)]
     pub outer_lr: f32,
     /// Outer Nesterov momentum (at H = 25, 0.7 ended DiLoCo as low as 0.8 and lost less to
     /// dropped contributions on four seeds of five; 0.8 beat the DiLoCo paper's 0.9 at H = 50;
     /// at H = 10, 0.6 is better; BENCHMARKS.md, sixteenth pass).
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, default_value_t = SwarmSettings::default().outer_momentum)]
     pub outer_momentum: f32,
     /// Seconds a node waits for the others after its contribution is out.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = SwarmSettings::default().round_deadline_secs)]
     pub deadline_secs: u32,
     /// Seed of the model's initial weights (in `demo`, also of its nodes' keys).
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, default_value_t = SwarmSettings::default().init_seed)]
     pub seed: u64,
 }
 
