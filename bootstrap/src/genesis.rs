@@ -6,7 +6,8 @@ use nightshift_model::data::{EMBEDDED_CORPUS, EMBEDDED_NAME};
 use nightshift_model::{GptConfig, Tokenizer, flat};
 use nightshift_protocol::manifest::{DataSpec, InnerOptimizer, MANIFEST_VERSION};
 use nightshift_protocol::{
-    DeltaCodec, Hash32, Manifest, ModelSpec, SignedManifest, StateSnapshot, TrainingSpec,
+    Aggregator, DeltaCodec, Hash32, Manifest, ModelSpec, SignedManifest, StateSnapshot,
+    TrainingSpec, psk_fingerprint,
 };
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -61,6 +62,27 @@ pub struct SwarmSettings {
     pub val_permille: u32,
     /// Keys allowed to contribute; empty for an open swarm.
     pub allowlist: Vec<[u8; 32]>,
+    /// The bootstrap nodes' keys.
+    pub bootstraps: Vec<[u8; 32]>,
+    /// Members that must attest a state for a node too far behind to replay (private swarms);
+    /// `None`: [`Manifest::default_attest_quorum`].
+    pub attest_quorum: Option<u32>,
+    /// `None`: robust ([`Aggregator::ROBUST`]) in an open swarm, the mean in a private one.
+    pub aggregator: Option<Aggregator>,
+    /// The pre-shared key that closes the swarm at the transport (libp2p pnet).
+    pub psk: Option<[u8; 32]>,
+}
+
+impl SwarmSettings {
+    /// The aggregator these settings give: the one chosen, else robust for an open swarm and
+    /// the mean for a private one (whose members are known).
+    pub fn aggregator(&self) -> Aggregator {
+        self.aggregator.unwrap_or(if self.allowlist.is_empty() {
+            Aggregator::ROBUST
+        } else {
+            Aggregator::Mean
+        })
+    }
 }
 
 impl Default for SwarmSettings {
@@ -89,6 +111,10 @@ impl Default for SwarmSettings {
             init_seed: 42,
             val_permille: 100,
             allowlist: vec![],
+            bootstraps: vec![],
+            attest_quorum: None,
+            aggregator: None,
+            psk: None,
         }
     }
 }
@@ -200,6 +226,15 @@ pub fn build_manifest(
         initial_state_hash: Hash32::default(),
         creator: [0; 32],
         allowlist: s.allowlist.clone(),
+        bootstraps: s.bootstraps.clone(),
+        attest_quorum: if s.allowlist.is_empty() {
+            0
+        } else {
+            s.attest_quorum
+                .unwrap_or_else(|| Manifest::default_attest_quorum(s.allowlist.len()))
+        },
+        aggregator: s.aggregator(),
+        psk: s.psk.as_ref().map(psk_fingerprint),
     };
     m.initial_state_hash = genesis_state(&m).hash();
     let signed = m.sign(creator);

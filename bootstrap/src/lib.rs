@@ -15,4 +15,7 @@ pub mod keys;
 pub use genesis::{
     GenesisError, SwarmSettings, build_manifest, genesis_state, load_corpus, model_config,
 };
-pub use keys::{KeyError, generate_key, read_key, write_key};
+pub use keys::{
+    KeyError, generate_key, generate_psk, parse_swarm_key, read_key, read_swarm_key, write_key,
+    write_swarm_key,
+};

@@ -7,6 +7,7 @@
 //! - [`flat`] — model parameters to and from one `Vec<f32>`, and the backend-independent genesis init.
 //! - [`inner`] — the DiLoCo inner loop ([`InnerTrainer`]: AdamW, warm-up, clipping, yield between steps).
 //! - [`outer`] — averaging pseudo-gradients, the Nesterov outer optimizer, error feedback.
+//! - [`robust`] — robust aggregation: norm bounds, centered clipping, trimmed mean.
 //! - [`eval`] — validation loss.
 
 pub mod backend;
@@ -16,6 +17,7 @@ pub mod flat;
 pub mod gpt;
 pub mod inner;
 pub mod outer;
+pub mod robust;
 
 pub use data::{Corpus, DataError, Shard, Tokenizer};
 pub use gpt::{Gpt, GptConfig};

@@ -14,7 +14,7 @@ use nightshift_model::{
     Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerReport, InnerTrainer, OuterOptimizer,
     Shard, Tokenizer, eval, flat, partial_round_scale, update_noise,
 };
-use nightshift_protocol::{DeltaCodec, delta};
+use nightshift_protocol::{Aggregator, DeltaCodec, delta};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -357,6 +357,8 @@ pub struct Setup {
     pub tail_avg: u32,
     /// Workers start every round with fresh AdamW moments (see `--reset-inner-optim`).
     pub reset_inner_optim: bool,
+    /// How a round's contributions are combined (the nodes' own [`round_step`]).
+    pub aggregator: Aggregator,
 }
 
 /// `--missing`: what stands in for a contribution that did not arrive.
@@ -460,6 +462,7 @@ impl Setup {
             ema_horizons: vec![],
             tail_avg: 0,
             reset_inner_optim: false,
+            aggregator: Aggregator::Mean,
         })
     }
 
@@ -736,7 +739,7 @@ impl Setup {
             // `auto` is the nodes' own step (`round_step`); a fixed ratio is an experiment.
             let (r, scale, shared) = match self.partial_shrink {
                 Shrink::Fixed(r) => (r, partial_round_scale(r, k as f64, n_eff), None),
-                Shrink::Auto => match round_step(&collected, noise) {
+                Shrink::Auto => match round_step(&collected, noise, self.aggregator) {
                     Some(s) => {
                         noise = s.noise;
                         (noise.unwrap_or(0.0), s.scale, Some(s.delta))

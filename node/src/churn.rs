@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use tokio::process::Child;
 
 use crate::cli::SwarmFlags;
-use crate::demo::{local_node_args, start_bootstrap, tempfile_dir};
+use crate::demo::{local_node_args, new_bootstrap_key, start_bootstrap, tempfile_dir};
 use crate::events::{NodeEvent, read_timed_events};
 use crate::plot::{Series, line_chart};
 
@@ -332,9 +332,12 @@ async fn run_plan(
         allow.push(k.verifying_key().to_bytes());
         keys.push(hex::encode(&k.verifying_key().to_bytes()[..6]));
     }
-    let settings = args.swarm.settings("churn-bench", allow);
-    let manifest = nightshift_bootstrap::build_manifest(&settings, &creator, 0)?;
     let mpath = dir.join("manifest.json");
+    let settings = nightshift_bootstrap::SwarmSettings {
+        bootstraps: vec![new_bootstrap_key(&mpath)?],
+        ..args.swarm.settings("churn-bench", allow)
+    };
+    let manifest = nightshift_bootstrap::build_manifest(&settings, &creator, 0)?;
     std::fs::write(&mpath, serde_json::to_string_pretty(&manifest)?)?;
     let (_boot, boot_addr) = start_bootstrap(&dir, &mpath, started).await?;
     let node_args = |i: usize| -> Vec<String> {

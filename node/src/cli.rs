@@ -5,8 +5,13 @@ use clap::{Args, Parser, Subcommand};
 use ed25519_dalek::SigningKey;
 use libp2p::Multiaddr;
 use libp2p::multiaddr::Protocol;
-use nightshift_bootstrap::{SwarmSettings, build_manifest, generate_key, read_key, write_key};
-use nightshift_protocol::{DeltaCodec, Hash32, InnerOptimizer, Request, Response, SignedManifest};
+use nightshift_bootstrap::{
+    SwarmSettings, build_manifest, generate_key, generate_psk, read_key, read_swarm_key, write_key,
+    write_swarm_key,
+};
+use nightshift_protocol::{
+    Aggregator, DeltaCodec, Hash32, InnerOptimizer, Request, Response, SignedManifest,
+};
 use std::path::{Path, PathBuf};
 use tokio::sync::watch;
 use tracing::info;
@@ -156,9 +161,31 @@ pub struct InitArgs {
     pub key: Option<PathBuf>,
     #[arg(long, default_value = "nightshift")]
     pub name: String,
-    /// Make the swarm private to these keys (key files or 64-hex public keys); repeatable.
+    /// Only these keys may contribute (key files or 64-hex public keys); repeatable. Nodes of
+    /// such a swarm refuse connections from any other key (but the bootstrap nodes').
     #[arg(long = "allow")]
     pub allow: Vec<String>,
+    /// Also close the swarm at the transport: write a pre-shared key (`swarm.key`, the standard
+    /// libp2p format) beside the manifest; every node needs it to connect at all (libp2p pnet,
+    /// TCP only). Needs --allow.
+    #[arg(long)]
+    pub private: bool,
+    /// Bootstrap node keys (key files or 64-hex public keys); repeatable. Default: a new key
+    /// written beside the manifest (`<manifest>.bootstrap.key.json`), which `nightshift
+    /// bootstrap --manifest` picks up.
+    #[arg(long = "bootstrap-key")]
+    pub bootstrap_keys: Vec<String>,
+    /// With --allow: how many members must attest a state before a node too far behind to
+    /// replay it adopts it (a bootstrap's attestation always suffices). Default: one more than
+    /// the malicious members tolerated, ⌊(members − 1)/3⌋ + 1.
+    #[arg(long)]
+    pub attest_quorum: Option<u32>,
+    /// How each round's contributions are combined: `mean` (token-weighted), `cclip[:CLIP[:ITERS]]`
+    /// (centered clipping: a malicious minority moves the result by a bounded amount) or
+    /// `trimmed[:PERMILLE]` (coordinate-wise trimmed mean). Default: cclip for an open swarm,
+    /// mean for one with --allow.
+    #[arg(long)]
+    pub aggregator: Option<Aggregator>,
     #[command(flatten)]
     pub swarm: SwarmFlags,
 }
@@ -167,9 +194,17 @@ pub struct InitArgs {
 pub struct BootstrapArgs {
     #[arg(long)]
     pub manifest: PathBuf,
-    /// Identity key; a fresh one when absent.
+    /// Identity key: one of the manifest's bootstrap keys. Default: the
+    /// `<manifest>.bootstrap.key.json` that `swarm init` wrote beside it.
     #[arg(long)]
     pub key: Option<PathBuf>,
+    /// Where the node keeps the newest state it verified.
+    #[arg(long, default_value = "nightshift-bootstrap")]
+    pub data_dir: PathBuf,
+    /// The swarm's pre-shared key, for a swarm created with --private. Default: `swarm.key`
+    /// beside the manifest.
+    #[arg(long)]
+    pub swarm_key: Option<PathBuf>,
     #[arg(long, default_value = "/ip4/0.0.0.0/tcp/4001")]
     pub listen: Multiaddr,
     /// Write the full listen address here once known.
@@ -194,6 +229,10 @@ pub struct RunArgs {
     /// Identity key file; else the one stored in --data-dir (created on first run).
     #[arg(long)]
     pub key: Option<PathBuf>,
+    /// The swarm's pre-shared key, for a swarm created with --private. Default: `swarm.key`
+    /// beside --manifest.
+    #[arg(long)]
+    pub swarm_key: Option<PathBuf>,
     #[arg(long, default_value = "nightshift-data")]
     pub data_dir: PathBuf,
     #[arg(long, default_value = "/ip4/0.0.0.0/tcp/0")]
@@ -250,6 +289,13 @@ pub struct PeersArgs {
     pub swarm: Option<String>,
     #[arg(long)]
     pub manifest: Option<PathBuf>,
+    /// A member's key, to look into a swarm with an allowlist (its nodes refuse other keys).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// The swarm's pre-shared key, for a swarm created with --private. Default: `swarm.key`
+    /// beside --manifest.
+    #[arg(long)]
+    pub swarm_key: Option<PathBuf>,
     /// Seconds to spend discovering peers.
     #[arg(long, default_value_t = 4.0)]
     pub wait: f64,
@@ -303,6 +349,47 @@ pub fn read_manifest(path: &Path) -> anyhow::Result<SignedManifest> {
     Ok(m)
 }
 
+/// The pre-shared key a node of swarm `m` needs: the file `explicit`, else `swarm.key` beside
+/// the manifest at `manifest_path`; `None` for a swarm without one.
+///
+/// # Errors
+/// When the swarm needs a key and none can be read, or the key is not the manifest's.
+pub fn swarm_key(
+    m: &SignedManifest,
+    explicit: Option<&Path>,
+    manifest_path: Option<&Path>,
+) -> anyhow::Result<Option<[u8; 32]>> {
+    let Some(fingerprint) = m.manifest.psk else {
+        if let Some(p) = explicit {
+            bail!(
+                "{} was given, but this swarm has no pre-shared key (it was not created with --private)",
+                p.display()
+            );
+        }
+        return Ok(None);
+    };
+    let path = match (explicit, manifest_path) {
+        (Some(p), _) => p.to_path_buf(),
+        (None, Some(mp)) => mp.with_file_name("swarm.key"),
+        (None, None) => bail!(
+            "this swarm is closed by a pre-shared key: give the swarm.key its creator wrote with --swarm-key"
+        ),
+    };
+    let key = read_swarm_key(&path).with_context(|| {
+        format!(
+            "this swarm is closed by a pre-shared key; cannot use {} (give the swarm.key its creator wrote with --swarm-key)",
+            path.display()
+        )
+    })?;
+    if nightshift_protocol::psk_fingerprint(&key) != fingerprint {
+        bail!(
+            "{} is not this swarm's pre-shared key (the manifest pins another)",
+            path.display()
+        );
+    }
+    Ok(Some(key))
+}
+
 fn parse_public_key(s: &str) -> anyhow::Result<[u8; 32]> {
     if Path::new(s).exists() {
         return Ok(read_key(Path::new(s))?.verifying_key().to_bytes());
@@ -311,6 +398,11 @@ fn parse_public_key(s: &str) -> anyhow::Result<[u8; 32]> {
     hex::decode_to_slice(s.trim(), &mut k)
         .with_context(|| format!("{s:?} is neither a key file nor a 64-hex public key"))?;
     Ok(k)
+}
+
+/// Where `swarm init` writes the bootstrap node's key, beside the manifest at `manifest`.
+pub fn default_bootstrap_key(manifest: &Path) -> PathBuf {
+    manifest.with_extension("bootstrap.key.json")
 }
 
 fn unix_now() -> u64 {
@@ -361,29 +453,91 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
                 .iter()
                 .map(|s| parse_public_key(s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let m = build_manifest(&a.swarm.settings(&a.name, allow), &key, unix_now())?;
+            if a.private && allow.is_empty() {
+                bail!("a --private swarm needs its members: give --allow KEY for each");
+            }
+            if a.attest_quorum.is_some() && allow.is_empty() {
+                bail!(
+                    "--attest-quorum is for a swarm with --allow (in an open swarm only bootstrap nodes attest)"
+                );
+            }
+            let psk_path = a.out.with_file_name("swarm.key");
+            if a.private && psk_path.exists() {
+                bail!(
+                    "{} already exists; refusing to overwrite a swarm key (move it away first)",
+                    psk_path.display()
+                );
+            }
+            let (bootstraps, new_boot_key) = if a.bootstrap_keys.is_empty() {
+                let path = default_bootstrap_key(&a.out);
+                if path.exists() {
+                    (vec![read_key(&path)?.verifying_key().to_bytes()], None)
+                } else {
+                    let k = generate_key()?;
+                    (vec![k.verifying_key().to_bytes()], Some((path, k)))
+                }
+            } else {
+                let keys = a
+                    .bootstrap_keys
+                    .iter()
+                    .map(|s| parse_public_key(s))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                (keys, None)
+            };
+            let psk = a.private.then(generate_psk).transpose()?;
+            let settings = SwarmSettings {
+                bootstraps,
+                attest_quorum: a.attest_quorum,
+                aggregator: a.aggregator,
+                psk,
+                ..a.swarm.settings(&a.name, allow)
+            };
+            let m = build_manifest(&settings, &key, unix_now())?;
             if let Some(p) = new_key {
                 write_key(&p, &key)?;
                 eprintln!("wrote the creator key to {}", p.display());
+            }
+            if let Some((p, k)) = new_boot_key {
+                write_key(&p, &k)?;
+                eprintln!("wrote the bootstrap node's key to {}", p.display());
+            }
+            if let Some(k) = psk {
+                write_swarm_key(&psk_path, &k)?;
+                eprintln!(
+                    "wrote the swarm's pre-shared key to {} (give it to every member, privately)",
+                    psk_path.display()
+                );
             }
             std::fs::write(&a.out, serde_json::to_string_pretty(&m)?)
                 .with_context(|| format!("cannot write {}", a.out.display()))?;
             println!("swarm id: {}", m.swarm_id());
             println!("manifest: {}", a.out.display());
+            println!("aggregator: {}", m.manifest.aggregator);
             Ok(())
         }
         Command::Bootstrap(a) => {
             let manifest = read_manifest(&a.manifest)?;
             let key = match &a.key {
                 Some(p) => read_key(p)?,
-                None => generate_key()?,
+                None => {
+                    let p = default_bootstrap_key(&a.manifest);
+                    read_key(&p).with_context(|| {
+                        format!(
+                            "no --key given and no bootstrap key at {} (written by `swarm init`)",
+                            p.display()
+                        )
+                    })?
+                }
             };
+            let psk = swarm_key(&manifest, a.swarm_key.as_deref(), Some(&a.manifest))?;
             run_bootstrap(BootstrapOptions {
                 manifest,
                 key,
                 listen: a.listen,
                 peers: a.peer,
                 addr_file: a.addr_file,
+                data_dir: a.data_dir,
+                psk,
                 shutdown: shutdown_signal(),
             })
             .await
@@ -415,11 +569,12 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         Some(p) => read_key(p)?,
         None => identity_from_store(&a.data_dir)?,
     };
+    let explicit_psk = a.swarm_key.as_deref().map(read_swarm_key).transpose()?;
     let manifest = match (&a.manifest, &a.swarm) {
         (Some(p), _) => read_manifest(p)?,
         (None, Some(id)) => {
             let id = Hash32::from_hex(id).context("--swarm must be 64 hex characters")?;
-            fetch_manifest(&a.bootstrap, id).await?
+            fetch_manifest(&a.bootstrap, id, &key, explicit_psk).await?
         }
         (None, None) => match Store::open(&a.data_dir.join("db"))
             .ok()
@@ -431,6 +586,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             }
         },
     };
+    let psk = swarm_key(&manifest, a.swarm_key.as_deref(), a.manifest.as_deref())?;
     let idle_after = a
         .idle_after
         .unwrap_or(if a.idle.iter().all(|s| s == "always") {
@@ -472,6 +628,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         idle: Some(idle),
         control_info: Some(info),
         threads: a.threads.map_or_else(crate::demo::cores, |t| t as usize),
+        psk,
     })
     .await
 }
@@ -492,17 +649,25 @@ fn identity_from_store(dir: &Path) -> anyhow::Result<SigningKey> {
     Ok(key)
 }
 
+/// Fetches swarm `id`'s manifest from the bootstrap nodes, as `key` (a swarm with an allowlist
+/// serves its members only) with the swarm's pre-shared key `psk` when it has one.
 pub(crate) async fn fetch_manifest(
     bootstrap: &[Multiaddr],
     id: Hash32,
+    key: &SigningKey,
+    psk: Option<[u8; 32]>,
 ) -> anyhow::Result<SignedManifest> {
     let served = std::sync::Arc::new(std::sync::RwLock::new(crate::net::Served::new(None)));
     let (net, _events) = crate::net::spawn_network(
-        crate::net::libp2p_keypair(&generate_key()?),
-        id,
-        nightshift_protocol::MAX_MESSAGE_BYTES,
-        "/ip4/127.0.0.1/tcp/0".parse()?,
-        bootstrap.to_vec(),
+        crate::net::NetConfig {
+            keypair: crate::net::libp2p_keypair(key),
+            swarm_id: id,
+            max_frame: nightshift_protocol::MAX_MESSAGE_BYTES,
+            listen: "/ip4/127.0.0.1/tcp/0".parse()?,
+            bootstrap: bootstrap.to_vec(),
+            admitted: None,
+            psk,
+        },
         served,
     )?;
     for addr in bootstrap {
@@ -519,8 +684,11 @@ pub(crate) async fn fetch_manifest(
                 );
             }
             m.verify()?;
-            return Ok(m);
+            return Ok(*m);
         }
     }
-    bail!("no bootstrap node answered with the manifest (addresses need a /p2p/<peer id> suffix)")
+    bail!(
+        "no bootstrap node answered with the manifest (addresses need a /p2p/<peer id> suffix; a \
+         private swarm answers its members only, and needs --swarm-key if it has a swarm.key)"
+    )
 }

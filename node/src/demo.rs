@@ -94,6 +94,14 @@ fn exe() -> anyhow::Result<PathBuf> {
 }
 
 /// Starts `nightshift bootstrap` for the manifest at `mpath` and waits for its address.
+/// Writes a new bootstrap key where `nightshift bootstrap` looks for it beside the manifest at
+/// `mpath`, and returns its public key (for the manifest's bootstrap list).
+pub(crate) fn new_bootstrap_key(mpath: &Path) -> anyhow::Result<[u8; 32]> {
+    let k = nightshift_bootstrap::generate_key()?;
+    nightshift_bootstrap::write_key(&crate::cli::default_bootstrap_key(mpath), &k)?;
+    Ok(k.verifying_key().to_bytes())
+}
+
 pub(crate) async fn start_bootstrap(
     dir: &Path,
     mpath: &Path,
@@ -111,6 +119,8 @@ pub(crate) async fn start_bootstrap(
             "/ip4/127.0.0.1/tcp/0".into(),
             "--addr-file".into(),
             s(&addr_file),
+            "--data-dir".into(),
+            s(&dir.join("bootstrap")),
         ],
         &dir.join("bootstrap.log"),
     )?;
@@ -313,13 +323,16 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
         nightshift_bootstrap::write_key(&dir.join(format!("node{i}.key.json")), &k)?;
         allow.push(k.verifying_key().to_bytes());
     }
-    let settings = args.swarm.settings("demo", allow);
+    let mpath = dir.join("manifest.json");
+    let settings = nightshift_bootstrap::SwarmSettings {
+        bootstraps: vec![new_bootstrap_key(&mpath)?],
+        ..args.swarm.settings("demo", allow)
+    };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let manifest = nightshift_bootstrap::build_manifest(&settings, &creator, now)?;
-    let mpath = dir.join("manifest.json");
     std::fs::write(&mpath, serde_json::to_string_pretty(&manifest)?)?;
     let swarm_id = manifest.swarm_id().to_hex();
     let m = &manifest.manifest.model;

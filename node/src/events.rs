@@ -31,6 +31,14 @@ pub enum NodeEvent {
         /// download counts only the rest).
         secs: f64,
         bytes: u64,
+        /// How the state was checked: "replay" (its round replayed from a state the node
+        /// trusted) or "attested" (signed by a bootstrap or the members' quorum).
+        #[serde(default)]
+        verified: String,
+        /// When the node replaced a state of the same round (a fork it repaired), that state's
+        /// hash.
+        #[serde(default)]
+        replaced: Option<String>,
     },
     /// Training of round `round` (from θ(round)) began: up to `steps` inner steps.
     Training { round: u64, steps: u32 },

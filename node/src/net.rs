@@ -9,12 +9,70 @@
 
 pub mod codec;
 mod event_loop;
+pub mod limits;
 
 pub use codec::{TrafficCounters, WireCodec};
-pub use event_loop::{NetEvent, NetHandle, Served, WINDOW_TTL_SECS, encode_state, spawn_network};
+pub use event_loop::{
+    NetConfig, NetEvent, NetHandle, Served, WINDOW_TTL_SECS, encode_state, spawn_network,
+};
 
 use libp2p::{PeerId, identity};
-use nightshift_protocol::Hash32;
+use nightshift_protocol::{Hash32, SignedEnvelope, Status, StatusError, open_status};
+
+/// Milliseconds since the Unix epoch by this machine's clock (0 if it is before 1970).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Checks the signed statuses peers send: signed by the very peer that sent it, for this swarm,
+/// by an admitted key (in a swarm with an allowlist), and close to this node's clock.
+#[derive(Clone, Debug)]
+pub struct StatusCheck {
+    swarm_id: Hash32,
+    admitted: Option<Vec<[u8; 32]>>,
+}
+
+/// Why a peer's status was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusRefusal {
+    #[error(transparent)]
+    Status(#[from] StatusError),
+    #[error("status signed by {signer}, sent by another peer")]
+    NotTheSender { signer: String },
+}
+
+impl StatusCheck {
+    /// The check for swarm `swarm_id`; `admitted` as in [`NetConfig::admitted`].
+    pub fn new(swarm_id: Hash32, admitted: Option<Vec<[u8; 32]>>) -> Self {
+        StatusCheck { swarm_id, admitted }
+    }
+
+    /// Opens `env`, a status that `peer` sent (as an announcement or an answer), at `now_ms`.
+    ///
+    /// # Errors
+    /// When it is not `peer`'s own signed, current status of this swarm.
+    pub fn open(
+        &self,
+        peer: &PeerId,
+        env: &SignedEnvelope,
+        now_ms: u64,
+    ) -> Result<Status, StatusRefusal> {
+        if public_key_of(peer) != Some(env.header.sender) {
+            return Err(StatusRefusal::NotTheSender {
+                signer: hex::encode(&env.header.sender[..6]),
+            });
+        }
+        Ok(open_status(
+            env,
+            &self.swarm_id,
+            self.admitted.as_deref(),
+            now_ms,
+        )?)
+    }
+}
 
 /// The libp2p keypair of an ed25519 signing key (the same key signs contributions).
 pub fn libp2p_keypair(key: &ed25519_dalek::SigningKey) -> identity::Keypair {

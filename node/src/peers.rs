@@ -10,7 +10,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use crate::cli::PeersArgs;
-use crate::net::{self, NetHandle, Served};
+use crate::net::{self, NetHandle, Served, StatusCheck};
 
 /// One row of `nightshift peers`.
 #[derive(Clone, Debug, Serialize)]
@@ -24,7 +24,7 @@ pub struct PeerRow {
 }
 
 /// Looks up status and window of `peer` (each bounded by a time-out).
-async fn describe(net: &NetHandle, swarm: &Hash32, peer: PeerId) -> PeerRow {
+async fn describe(net: &NetHandle, swarm: &Hash32, check: &StatusCheck, peer: PeerId) -> PeerRow {
     let status = tokio::time::timeout(
         Duration::from_secs(5),
         net.request(peer, Request::GetStatus),
@@ -33,7 +33,7 @@ async fn describe(net: &NetHandle, swarm: &Hash32, peer: PeerId) -> PeerRow {
     .ok()
     .and_then(|r| r.ok());
     let status: Option<Status> = match status {
-        Some(Response::Status(s)) => Some(s),
+        Some(Response::Status(env)) => check.open(&peer, &env, net::unix_ms()).ok(),
         _ => None,
     };
     let window = match net::public_key_of(&peer) {
@@ -76,28 +76,51 @@ fn ago(unix: u64) -> String {
 /// # Errors
 /// A bad swarm id or manifest, or a network that cannot start.
 pub async fn run_peers(a: PeersArgs) -> anyhow::Result<()> {
-    let swarm = match (&a.manifest, &a.swarm) {
-        (Some(p), _) => crate::cli::read_manifest(p)?.swarm_id(),
+    let manifest = a
+        .manifest
+        .as_deref()
+        .map(crate::cli::read_manifest)
+        .transpose()?;
+    let swarm = match (&manifest, &a.swarm) {
+        (Some(m), _) => m.swarm_id(),
         (None, Some(id)) => Hash32::from_hex(id).context("--swarm must be 64 hex characters")?,
         (None, None) => anyhow::bail!("give --swarm ID or --manifest FILE"),
     };
+    let psk = match &manifest {
+        Some(m) => crate::cli::swarm_key(m, a.swarm_key.as_deref(), a.manifest.as_deref())?,
+        None => a
+            .swarm_key
+            .as_deref()
+            .map(nightshift_bootstrap::read_swarm_key)
+            .transpose()?,
+    };
+    let key = match &a.key {
+        Some(p) => nightshift_bootstrap::read_key(p)?,
+        None => nightshift_bootstrap::generate_key()?,
+    };
+    let admitted = manifest.as_ref().and_then(|m| m.manifest.admitted());
+    let check = StatusCheck::new(swarm, admitted);
     if !(0.0..=600.0).contains(&a.wait) {
         anyhow::bail!("--wait must be between 0 and 600 seconds");
     }
     let served = Arc::new(RwLock::new(Served::new(None)));
     let (net, _events) = net::spawn_network(
-        net::libp2p_keypair(&nightshift_bootstrap::generate_key()?),
-        swarm,
-        nightshift_protocol::MAX_MESSAGE_BYTES,
-        "/ip4/127.0.0.1/tcp/0".parse()?,
-        a.bootstrap.clone(),
+        net::NetConfig {
+            keypair: net::libp2p_keypair(&key),
+            swarm_id: swarm,
+            max_frame: nightshift_protocol::MAX_MESSAGE_BYTES,
+            listen: "/ip4/127.0.0.1/tcp/0".parse()?,
+            bootstrap: a.bootstrap.clone(),
+            admitted: None,
+            psk,
+        },
         served,
     )?;
     // Discovery runs in the network task (Kademlia closest-peer queries, then dials).
     tokio::time::sleep(Duration::from_secs_f64(a.wait)).await;
     let peers = net.connected().await;
     let rows: Vec<PeerRow> =
-        futures::future::join_all(peers.iter().map(|p| describe(&net, &swarm, *p)))
+        futures::future::join_all(peers.iter().map(|p| describe(&net, &swarm, &check, *p)))
             .await
             .into_iter()
             .filter(|r| r.role != "unknown" || r.window.is_some())

@@ -16,6 +16,7 @@
 
 pub mod accept;
 mod sync;
+pub mod verify;
 mod windows;
 
 use windows::{device_info, spawn_availability_watch};
@@ -24,14 +25,12 @@ use anyhow::{Context, bail};
 use burn::tensor::backend::AutodiffBackend;
 use ed25519_dalek::SigningKey;
 use libp2p::{Multiaddr, PeerId};
-use nightshift_model::{
-    Corpus, ErrorFeedback, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer, eval,
-};
-use nightshift_protocol::message::{MAX_CHUNK_BYTES, MAX_EXPECTED, Phase, sign_window};
+use nightshift_model::{Corpus, ErrorFeedback, InnerConfig, InnerTrainer, Shard, Tokenizer, eval};
+use nightshift_protocol::message::{MAX_EXPECTED, Phase, sign_window};
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{
     Contribution, Hash32, NodeRole, PayloadKind, Request, Response, SignedEnvelope, SignedManifest,
-    StateSnapshot, Status, WindowRecord, WindowState, delta, wire,
+    StateSnapshot, Status, WindowRecord, WindowState, delta, sign_status, wire,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -45,9 +44,10 @@ use tracing::{debug, info, warn};
 
 use crate::events::{EventSink, NodeEvent, RoundRecord};
 use crate::idle::Availability;
-use crate::net::{self, NetEvent, NetHandle, Served};
+use crate::net::{self, NetEvent, NetHandle, Served, StatusCheck};
 use crate::store::Store;
-use accept::{Accepted, RoundContext, accept, choose_canonical, round_step};
+use accept::{Accepted, accept};
+use verify::{Claim, Held, Recipe, candidates, group_claims};
 
 /// How long a node waits for peers still finishing the previous round before it starts the next.
 const ALIGN_WAIT_SECS: u64 = 10;
@@ -68,6 +68,14 @@ const SYNC_CHUNK_BYTES: u32 = 1 << 20;
 const WINDOW_REFRESH_SECS: u64 = 60;
 /// A round's time budget: this many times the median live peer's expected training time.
 const BUDGET_FACTOR: f64 = 1.5;
+/// Most contributions fetched while reconciling one round (beyond those of the members).
+const MAX_RECONCILE_FETCHES: usize = 64;
+/// The longest reconciling a round may take.
+const RECONCILE_SECS: u64 = 30;
+/// Most early contributions (for a round not reached yet) kept in an open swarm.
+const MAX_STASHED: usize = 64;
+/// How long a claim that failed to verify is left alone.
+const REJECT_SECS: u64 = 30;
 
 /// How to run a trainer.
 pub struct TrainerOptions {
@@ -93,6 +101,8 @@ pub struct TrainerOptions {
     pub control_info: Option<Arc<RwLock<serde_json::Value>>>,
     /// Threads of each inner step on the CPU (see [`InnerConfig::threads`]).
     pub threads: usize,
+    /// The swarm's pre-shared key (`swarm.key`) when its manifest pins one.
+    pub psk: Option<[u8; 32]>,
 }
 
 /// Runs a trainer until it has done `rounds` or is shut down. Picks CUDA when built with the
@@ -177,11 +187,20 @@ struct Driver<B: AutodiffBackend> {
     compute: Option<Compute<B>>,
     state: StateSnapshot,
     hash: Hash32,
-    outer: OuterOptimizer,
     ef: ErrorFeedback,
     phase: Phase,
     holding: Vec<[u8; 32]>,
+    /// Peers' newest statuses, each checked by `status_check` (signed by that peer, for this
+    /// swarm, by an admitted key, current).
     statuses: HashMap<PeerId, Status>,
+    status_check: StatusCheck,
+    /// The swarm's rules for replaying a round.
+    recipe: Arc<Recipe>,
+    /// θ(r−1), the state before ours, when we computed or replayed ours from it: the base
+    /// from which a fork of our round is replayed.
+    prev: Option<(Arc<StateSnapshot>, Hash32)>,
+    /// Claims (state hashes) that failed to verify, and when: not tried again for a while.
+    rejected: HashMap<Hash32, Instant>,
     connected: HashSet<PeerId>,
     stash: Vec<SignedEnvelope>,
     stop: Arc<AtomicBool>,
@@ -258,6 +277,25 @@ impl<B: AutodiffBackend> Driver<B> {
         let val = Arc::new(corpus.val_batches(m.training.batch_size as usize, cfg.seq_len, 8));
 
         // State: the checkpoint, or genesis.
+        if m.psk.is_some() != opts.psk.is_some()
+            || opts
+                .psk
+                .is_some_and(|k| Some(nightshift_protocol::psk_fingerprint(&k)) != m.psk)
+        {
+            bail!(
+                "this swarm {} a pre-shared key{}",
+                if m.psk.is_some() {
+                    "is closed by"
+                } else {
+                    "has no"
+                },
+                if m.psk.is_some() {
+                    " (swarm.key): give the one its creator wrote with --swarm-key"
+                } else {
+                    ", but one was given"
+                }
+            );
+        }
         let genesis = nightshift_bootstrap::genesis_state(m);
         if genesis.hash() != m.initial_state_hash {
             bail!(
@@ -309,21 +347,22 @@ impl<B: AutodiffBackend> Driver<B> {
         served.set_state(Arc::new(state.clone()), hash, net::encode_state(&state));
         let served = Arc::new(RwLock::new(served));
         let max_frame = 2 * delta::dense_bytes(num_params) * 2 + (1 << 20);
+        let admitted = m.admitted();
+        let status_check = StatusCheck::new(swarm_id, admitted.clone());
         let (net, events) = net::spawn_network(
-            net::libp2p_keypair(&opts.key),
-            swarm_id,
-            max_frame.min(nightshift_protocol::MAX_MESSAGE_BYTES),
-            opts.listen,
-            opts.bootstrap,
+            net::NetConfig {
+                keypair: net::libp2p_keypair(&opts.key),
+                swarm_id,
+                max_frame: max_frame.min(nightshift_protocol::MAX_MESSAGE_BYTES),
+                listen: opts.listen,
+                bootstrap: opts.bootstrap,
+                admitted,
+                psk: opts.psk,
+            },
             served,
         )?;
         let sink =
             EventSink::open(opts.events.as_deref()).context("cannot open the events file")?;
-        let outer = OuterOptimizer {
-            lr: m.training.outer_lr,
-            momentum: m.training.outer_momentum,
-            buf: state.momentum.clone(),
-        };
         let stop = Arc::new(AtomicBool::new(false));
         {
             let stop = stop.clone();
@@ -354,6 +393,7 @@ impl<B: AutodiffBackend> Driver<B> {
             resumed,
         });
         let shapes = Arc::new(compute.trainer.param_shapes().to_vec());
+        let recipe = Arc::new(Recipe::new(&manifest, shapes.clone()));
         let driver = Driver {
             net,
             events,
@@ -366,11 +406,14 @@ impl<B: AutodiffBackend> Driver<B> {
             compute: Some(compute),
             state,
             hash,
-            outer,
             ef: ErrorFeedback::default(),
             phase: Phase::Ready,
             holding: vec![],
             statuses: HashMap::new(),
+            status_check,
+            recipe,
+            prev: None,
+            rejected: HashMap::new(),
             connected: HashSet::new(),
             stash: vec![],
             stop,
@@ -483,13 +526,27 @@ impl<B: AutodiffBackend> Driver<B> {
             state_hash: self.hash,
             formed_by: self.state.formed_by.clone(),
             holding: self.holding.clone(),
+            unix_ms: net::unix_ms(),
+        }
+    }
+
+    /// Our status, signed: what we announce and serve.
+    fn signed_status(&self) -> Arc<SignedEnvelope> {
+        Arc::new(sign_status(&self.key, self.swarm_id, &self.status()))
+    }
+
+    /// Re-signs the served status (the holding list changed).
+    fn serve_status(&self) {
+        let env = self.signed_status();
+        if let Ok(mut s) = self.net.served.write() {
+            s.status = Some(env);
         }
     }
 
     /// Publishes the status to the served table and to every connected peer.
     async fn announce(&mut self, phase: Phase) {
         self.phase = phase;
-        let status = self.status();
+        let status = self.signed_status();
         if let Ok(mut s) = self.net.served.write() {
             s.status = Some(status.clone());
         }
@@ -506,16 +563,36 @@ impl<B: AutodiffBackend> Driver<B> {
         self.update_control_info(None);
     }
 
-    /// Tells `peer` our status in the background (best effort, bounded by a time-out).
-    fn send_status(&self, peer: PeerId, status: Status) {
+    /// Tells `peer` our signed status in the background (best effort, bounded by a time-out).
+    fn send_status(&self, peer: PeerId, status: Arc<SignedEnvelope>) {
         let net = self.net.clone();
         tokio::spawn(async move {
             let _ = tokio::time::timeout(
                 Duration::from_secs(LOOKUP_TIMEOUT_SECS),
-                net.request(peer, Request::Announce(status)),
+                net.request(peer, Request::Announce((*status).clone())),
             )
             .await;
         });
+    }
+
+    /// Records a checked status of `peer` unless we hold a newer one (an older status arriving
+    /// late, or replayed, changes nothing).
+    fn note_status(&mut self, peer: PeerId, status: Status) {
+        if self
+            .statuses
+            .get(&peer)
+            .is_some_and(|held| held.unix_ms > status.unix_ms)
+        {
+            return;
+        }
+        if status.phase == Phase::Training && status.role == NodeRole::Trainer {
+            self.round_started
+                .entry(status.round)
+                .or_insert_with(Instant::now);
+            let keep = status.round.saturating_sub(2);
+            self.round_started.retain(|r, _| *r >= keep);
+        }
+        self.statuses.insert(peer, status);
     }
 
     fn trainer_peers(&self) -> Vec<(PeerId, &Status)> {
@@ -553,9 +630,13 @@ impl<B: AutodiffBackend> Driver<B> {
                 )
             }
         });
+        let now = net::unix_ms();
         for (p, r) in futures::future::join_all(asks).await {
-            if let Ok(Ok(Response::Status(s))) = r {
-                self.statuses.insert(p, s);
+            if let Ok(Ok(Response::Status(env))) = r {
+                match self.status_check.open(&p, &env, now) {
+                    Ok(s) => self.note_status(p, s),
+                    Err(e) => debug!(peer = %p, reason = %e, "status refused"),
+                }
             }
         }
     }
@@ -605,7 +686,8 @@ impl<B: AutodiffBackend> Driver<B> {
     }
 
     /// Before a round: wait briefly for peers finishing the previous one, then catch up with a
-    /// swarm that is ahead or repair a state that differs from the canonical one.
+    /// swarm that is ahead or move to the state the rules prefer over ours — only ever to a
+    /// state we verified ([`verify`]).
     async fn align(&mut self) {
         let until = Instant::now() + Duration::from_secs(ALIGN_WAIT_SECS);
         loop {
@@ -632,73 +714,117 @@ impl<B: AutodiffBackend> Driver<B> {
             }
             self.next_event_within(Duration::from_millis(200)).await;
         }
-        let active: Vec<(PeerId, Status)> = self
-            .trainer_peers()
-            .into_iter()
-            // A paused peer still serves its state: it may be the only holder of the newest.
-            .filter(|(_, s)| !matches!(s.phase, Phase::Syncing | Phase::Done))
-            .map(|(p, s)| (p, s.clone()))
-            .collect();
-        let top = active.iter().map(|(_, s)| s.round).max().unwrap_or(0);
-        let (target_round, reason) = if top > self.state.round {
-            (top, "behind the swarm")
-        } else {
-            (self.state.round, "diverged from the swarm")
-        };
-        let mut views: Vec<(Hash32, usize)> = active
-            .iter()
-            .filter(|(_, s)| s.round == target_round)
-            .map(|(_, s)| (s.state_hash, s.formed_by.len()))
-            .collect();
-        if target_round == self.state.round {
-            views.push((self.hash, self.state.formed_by.len()));
-        }
-        let Some(canonical) = choose_canonical(&views) else {
-            return;
-        };
-        if target_round == self.state.round && canonical == self.hash {
-            return;
-        }
-        let holders: Vec<PeerId> = active
-            .iter()
-            .filter(|(_, s)| s.round == target_round && s.state_hash == canonical)
-            .map(|(p, _)| *p)
-            .collect();
-        self.announce(Phase::Syncing).await;
-        let t0 = Instant::now();
-        match self.fetch_state(&holders, target_round, canonical).await {
-            Ok((snapshot, peer, bytes)) => {
-                let secs = t0.elapsed().as_secs_f64();
-                self.adopt(snapshot, peer, reason, secs, bytes).await;
-            }
-            Err(e) => {
-                warn!(round = target_round, error = %e, "no peer could serve the swarm's state; continuing with ours");
-                self.announce(Phase::Ready).await;
+        // Catch up one verified round at a time (a replay each), or in one step to an attested
+        // state; a few steps at most before training again.
+        for _ in 0..8 {
+            if self.shutting_down() || !self.improve_state().await {
+                break;
             }
         }
     }
 
-    async fn adopt(&mut self, s: StateSnapshot, from: PeerId, reason: &str, secs: f64, bytes: u64) {
-        info!(round = s.round, hash = %s.hash().short(), %from, reason, "synced state from peer");
-        self.hash = s.hash();
-        self.outer.buf = s.momentum.clone();
-        self.ef = ErrorFeedback::default();
+    /// The claims of the connected peers' checked statuses.
+    fn claims(&self) -> Vec<Claim> {
+        group_claims(
+            self.statuses
+                .iter()
+                .filter(|(p, s)| self.connected.contains(p) && s.phase != Phase::Done)
+                .map(|(p, s)| (*p, s)),
+        )
+    }
+
+    /// Hashes that failed to verify lately (not tried again for [`REJECT_SECS`]).
+    fn rejected_now(&mut self) -> HashSet<Hash32> {
+        self.rejected
+            .retain(|_, at| at.elapsed() < Duration::from_secs(REJECT_SECS));
+        self.rejected.keys().copied().collect()
+    }
+
+    /// Tries the states the peers' claims offer, best first ([`verify::candidates`]), and adopts
+    /// the first that verifies. Returns whether our state changed.
+    async fn improve_state(&mut self) -> bool {
+        let claims = self.claims();
+        let held = Held {
+            round: self.state.round,
+            hash: self.hash,
+            formed: self.state.formed_by.len(),
+        };
+        let rejected = self.rejected_now();
+        let list = candidates(&self.recipe, held, &claims, &rejected);
+        if list.is_empty() {
+            return false;
+        }
+        self.announce(Phase::Syncing).await;
+        let t0 = Instant::now();
+        let known = self.held_contributions();
+        let found = verify::first_verified(
+            &self.net,
+            &self.store,
+            &self.recipe,
+            (&self.state, self.hash),
+            self.prev.as_ref(),
+            list,
+            &known,
+            &mut self.rejected,
+        )
+        .await;
+        match found {
+            Some(v) => {
+                let reason = if v.state.round == self.state.round {
+                    "diverged from the swarm"
+                } else {
+                    "behind the swarm"
+                };
+                self.adopt(v, reason, t0.elapsed().as_secs_f64()).await;
+                true
+            }
+            None => {
+                self.announce(Phase::Ready).await;
+                false
+            }
+        }
+    }
+
+    /// Verified contributions that we hold and serve, by round and sender.
+    fn held_contributions(&self) -> HashMap<(u64, [u8; 32]), Arc<SignedEnvelope>> {
+        self.net
+            .served
+            .read()
+            .map(|s| s.contributions.clone())
+            .unwrap_or_default()
+    }
+
+    async fn adopt(&mut self, a: verify::Verified, reason: &str, secs: f64) {
+        let hash = a.state.hash();
+        let replaced = (a.state.round == self.state.round).then_some(self.hash);
+        info!(round = a.state.round, hash = %hash.short(), from = %a.from, reason, verified = a.verified, "synced state from peer");
         if let Some(c) = self.compute.as_mut()
-            && let Err(e) = c.trainer.load_params(&s.params)
+            && let Err(e) = c.trainer.load_params(&a.state.params)
         {
             warn!(error = %e, "synced state does not fit the model");
             return;
         }
-        self.state = s;
+        self.hash = hash;
+        self.ef = ErrorFeedback::default();
+        self.state = a.state;
+        self.prev = a.prev;
+        if let Ok(mut s) = self.net.served.write() {
+            for env in a.envelopes {
+                s.contributions
+                    .insert((env.header.round, env.header.sender), env);
+            }
+        }
         self.just_synced = true;
         self.checkpoint().await;
         self.sink.emit(&NodeEvent::Synced {
             round: self.state.round,
             state_hash: self.hash.to_hex(),
-            from: from.to_string(),
+            from: a.from.to_string(),
             reason: reason.into(),
             secs,
-            bytes,
+            bytes: a.bytes,
+            verified: a.verified.into(),
+            replaced: replaced.map(|h| h.to_hex()),
         });
         self.announce(Phase::Ready).await;
     }
@@ -719,12 +845,18 @@ impl<B: AutodiffBackend> Driver<B> {
         }
     }
 
-    fn context(&self) -> (Hash32, u64, Hash32, u64) {
-        let t = &self.manifest.manifest.training;
-        let max_tokens = t.inner_steps as u64
-            * t.batch_size as u64
-            * self.manifest.manifest.model.seq_len as u64;
-        (self.swarm_id, self.state.round, self.hash, max_tokens)
+    /// Keeps a contribution for a round we have not reached yet, one per sender (the first),
+    /// and no more than the swarm has members (or [`MAX_STASHED`] in an open swarm).
+    fn stash_push(&mut self, env: SignedEnvelope) {
+        let max = self.recipe.allowlist.as_ref().map_or(MAX_STASHED, Vec::len);
+        if self.stash.len() < max
+            && !self
+                .stash
+                .iter()
+                .any(|e| e.header.sender == env.header.sender && e.header.round == env.header.round)
+        {
+            self.stash.push(env);
+        }
     }
 
     /// Verifies and records one contribution for the current round.
@@ -734,11 +866,9 @@ impl<B: AutodiffBackend> Driver<B> {
         from: PeerId,
         collected: &mut BTreeMap<[u8; 32], Accepted>,
     ) {
-        let (swarm_id, round, base_hash, max_tokens) = self.context();
+        let round = self.state.round;
         if env.header.round == round + 1 {
-            if self.stash.len() < 256 {
-                self.stash.push(env);
-            }
+            self.stash_push(env);
             return;
         }
         let duplicate = env.header.round == round && collected.contains_key(&env.header.sender);
@@ -752,17 +882,7 @@ impl<B: AutodiffBackend> Driver<B> {
                 return; // the same contribution again (pushed and fetched)
             }
         }
-        let allow = self.manifest.manifest.allowlist();
-        let ctx = RoundContext {
-            swarm_id,
-            round,
-            base_hash,
-            allowlist: allow,
-            num_params: self.num_params,
-            shapes: &self.shapes,
-            codec: self.manifest.manifest.training.codec,
-            max_tokens,
-        };
+        let ctx = self.recipe.context(round, self.hash);
         match accept(&ctx, &env) {
             Ok(_) if duplicate => {
                 let reason = "a second, different contribution from this sender for this round (the first is kept)";
@@ -780,9 +900,7 @@ impl<B: AutodiffBackend> Driver<B> {
                 }
                 collected.insert(a.sender, a);
                 self.holding = collected.keys().copied().collect();
-                if let Ok(mut s) = self.net.served.write() {
-                    s.status = Some(self.status());
-                }
+                self.serve_status();
             }
             Err(e) => {
                 if env.header.round < round
@@ -815,25 +933,18 @@ impl<B: AutodiffBackend> Driver<B> {
             NetEvent::ContributionPushed { peer, envelope } => match collected {
                 Some(c) => self.consider(envelope, peer, c),
                 None => {
-                    if envelope.header.round >= self.state.round && self.stash.len() < 256 {
-                        self.stash.push(envelope);
+                    if envelope.header.round >= self.state.round {
+                        self.stash_push(envelope);
                     }
                 }
             },
             NetEvent::StatusAnnounced { peer, status } => {
                 self.connected.insert(peer);
-                if status.phase == Phase::Training && status.role == NodeRole::Trainer {
-                    self.round_started
-                        .entry(status.round)
-                        .or_insert_with(Instant::now);
-                    let keep = status.round.saturating_sub(2);
-                    self.round_started.retain(|r, _| *r >= keep);
-                }
-                self.statuses.insert(peer, status);
+                self.note_status(peer, status);
             }
             NetEvent::PeerConnected(peer) => {
                 self.connected.insert(peer);
-                self.send_status(peer, self.status());
+                self.send_status(peer, self.signed_status());
             }
             NetEvent::PeerDisconnected(peer) => {
                 self.connected.remove(&peer);
@@ -1109,11 +1220,14 @@ impl<B: AutodiffBackend> Driver<B> {
         loop {
             let have: HashSet<PeerId> = collected.keys().filter_map(net::peer_id_of).collect();
             let trainers = self.trainer_peers();
-            if trainers
+            // Only an attested state further on ends the round early: a mere claim of a later
+            // round, which anyone can make, does not.
+            if self
+                .claims()
                 .iter()
-                .any(|(_, s)| s.round > r && !matches!(s.phase, Phase::Syncing | Phase::Done))
+                .any(|c| c.round > r + 1 && self.recipe.attested(c))
             {
-                info!(round = r, "the swarm has moved on; catching up");
+                info!(round = r, "the swarm has moved on (attested); catching up");
                 return Ok(Outcome::Behind);
             }
             let missing: Vec<PeerId> = trainers
@@ -1166,8 +1280,11 @@ impl<B: AutodiffBackend> Driver<B> {
         let collect_secs = t_enc.elapsed().as_secs_f64() - encode_secs;
 
         // Reconcile with what the peers hold or used, so that every node averages the same set.
+        // Bounded: a peer listing senders that do not exist costs one look-up each, at most
+        // MAX_RECONCILE_FETCHES in all, within RECONCILE_SECS.
         self.refresh_statuses().await;
-        let wanted: Vec<(PeerId, [u8; 32])> = self
+        let members = self.recipe.allowlist.clone();
+        let mut wanted: Vec<(PeerId, [u8; 32])> = self
             .trainer_peers()
             .iter()
             .flat_map(|(p, s)| {
@@ -1180,31 +1297,57 @@ impl<B: AutodiffBackend> Driver<B> {
                 };
                 set.iter()
                     .filter(|k| !collected.contains_key(*k))
+                    .filter(|k| members.as_ref().is_none_or(|m| m.contains(k)))
                     .map(|k| (*p, *k))
                     .collect::<Vec<_>>()
             })
             .collect();
+        wanted.truncate(MAX_RECONCILE_FETCHES + members.as_ref().map_or(0, Vec::len));
+        let reconcile_until = Instant::now() + Duration::from_secs(RECONCILE_SECS);
         for (p, k) in wanted {
+            if Instant::now() >= reconcile_until {
+                warn!(
+                    round = r,
+                    "reconciling took too long; going on with what we hold"
+                );
+                break;
+            }
             if !collected.contains_key(&k) {
                 self.fetch_contribution(p, k, &mut collected).await;
             }
         }
 
-        // Outer step.
-        let mut params = std::mem::take(&mut self.state.params);
-        let mut outer = self.outer.clone();
-        let noise = self.state.noise;
+        // Outer step: the swarm's aggregator and Nesterov step, the same function a replay runs.
+        let base = Arc::new(std::mem::replace(
+            &mut self.state,
+            StateSnapshot {
+                round: r,
+                params: vec![],
+                momentum: vec![],
+                formed_by: vec![],
+                noise: None,
+            },
+        ));
+        let base_hash = self.hash;
+        let recipe = self.recipe.clone();
         let round_set = std::mem::take(&mut collected);
-        let (params, outer, step, collected) = tokio::task::spawn_blocking(move || {
-            let step = round_step(&round_set, noise);
-            if let Some(s) = &step {
-                outer.step(&mut params, &s.delta);
+        let (applied, collected, base) = {
+            let base = base.clone();
+            tokio::task::spawn_blocking(move || {
+                let applied = recipe.apply(&base, &round_set);
+                (applied, round_set, base)
+            })
+            .await?
+        };
+        let step = match applied {
+            Some((next, step)) => {
+                self.state = next;
+                Some(step)
             }
-            (params, outer, step, round_set)
-        })
-        .await?;
+            None => None,
+        };
         let Some(step) = step else {
-            self.state.params = params;
+            self.state = Arc::unwrap_or_clone(base);
             bail!("nothing to average");
         };
         if step.scale < 1.0 {
@@ -1216,15 +1359,7 @@ impl<B: AutodiffBackend> Driver<B> {
                 "short round: smaller step"
             );
         }
-        self.outer = outer;
-        let formed_by: Vec<[u8; 32]> = collected.keys().copied().collect();
-        self.state = StateSnapshot {
-            round: r + 1,
-            params,
-            momentum: self.outer.buf.clone(),
-            formed_by,
-            noise: step.noise,
-        };
+        self.prev = Some((base, base_hash));
         let state = self.state.clone();
         let (hash, compute, val_loss) = {
             let mut compute = self.compute.take().context("trainer state missing")?;

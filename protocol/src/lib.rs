@@ -21,11 +21,12 @@ pub mod wire;
 pub use delta::{DeltaCodec, DeltaError, EncodedDelta};
 pub use hash::Hash32;
 pub use manifest::{
-    InnerOptimizer, Manifest, ManifestError, ModelSpec, SignedManifest, TrainingSpec,
+    Aggregator, InnerOptimizer, Manifest, ManifestError, ModelSpec, SignedManifest, TrainingSpec,
+    psk_fingerprint,
 };
 pub use message::{
     Contribution, MAX_EXPECTED, NodeRole, Request, Response, StateChunk, StateSnapshot, Status,
-    WindowRecord, WindowState,
+    StatusError, WindowRecord, WindowState, open_status, sign_status,
 };
 pub use signed::{Expectation, PayloadKind, SignedEnvelope, VerifyError};
 pub use wire::{DecodeError, WIRE_VERSION};

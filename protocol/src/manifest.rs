@@ -9,8 +9,137 @@ use crate::{DeltaCodec, Hash32, wire};
 
 /// Domain tag of manifest signatures.
 pub const MANIFEST_DOMAIN: &[u8] = b"nightshift/manifest/v1\0";
-/// Manifest format version (2: the inner optimizer).
-pub const MANIFEST_VERSION: u32 = 2;
+/// Manifest format version (2: the inner optimizer; 3: bootstrap keys, attestation quorum,
+/// aggregator and pre-shared key fingerprint).
+pub const MANIFEST_VERSION: u32 = 3;
+
+/// Most bootstrap keys a manifest may list.
+pub const MAX_BOOTSTRAPS: usize = 64;
+/// Most members an allowlist may hold.
+pub const MAX_MEMBERS: usize = crate::message::MAX_LISTED;
+
+/// Domain tag of a pre-shared key's fingerprint.
+pub const PSK_DOMAIN: &[u8] = b"nightshift/psk/v1\0";
+
+/// The fingerprint a manifest pins a private swarm's pre-shared key by (SHA-256 of the key with a
+/// domain tag): the key itself never enters the manifest, which anyone may read.
+pub fn psk_fingerprint(key: &[u8; 32]) -> Hash32 {
+    Hash32::of(&[PSK_DOMAIN, key])
+}
+
+/// How a round's contributions are combined into the outer step's input. Every node of a swarm
+/// applies the manifest's aggregator to the same contributions in the same order, so all reach
+/// the same state; the choice is part of the swarm's recipe.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Aggregator {
+    /// The token-weighted mean: the most accurate when every member is honest, and moved
+    /// anywhere by a single malicious contribution.
+    Mean,
+    /// Centered clipping (Karimireddy et al. 2021): every contribution's norm is first bounded
+    /// by twice the round's median norm, then, from the coordinate-wise median, `iters` times:
+    /// move the center by the token-weighted mean of each contribution's offset clipped to
+    /// `clip_mult` times the median offset. A minority of contributions can move the result by
+    /// a bounded amount only.
+    CenteredClip { clip_mult: f32, iters: u32 },
+    /// Coordinate-wise trimmed mean: every contribution's norm bounded as above, then in each
+    /// coordinate the `trim_permille`/1000 largest and smallest values of the round are dropped
+    /// (at least one each side) and the rest averaged by tokens.
+    TrimmedMean { trim_permille: u32 },
+}
+
+impl Aggregator {
+    /// The robust aggregator's default: centered clipping at 1.5 times the median offset with
+    /// three iterations (BENCHMARKS.md, the byzantine table).
+    pub const ROBUST: Aggregator = Aggregator::CenteredClip {
+        clip_mult: 1.5,
+        iters: 3,
+    };
+
+    /// Checks the parameters.
+    ///
+    /// # Errors
+    /// A parameter out of its range, named.
+    pub fn validate(&self) -> Result<(), String> {
+        match *self {
+            Aggregator::Mean => Ok(()),
+            Aggregator::CenteredClip { clip_mult, iters } => {
+                if !(clip_mult > 0.0 && clip_mult <= 100.0) {
+                    return Err(format!("clip multiple {clip_mult} is not within (0, 100]"));
+                }
+                if !(1..=10).contains(&iters) {
+                    return Err(format!("{iters} iterations is not within 1..=10"));
+                }
+                Ok(())
+            }
+            Aggregator::TrimmedMean { trim_permille } => {
+                if trim_permille >= 500 {
+                    return Err(format!(
+                        "trimming {trim_permille}‰ from each side leaves nothing"
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether the aggregator bounds what a minority of contributions can do.
+    pub fn is_robust(&self) -> bool {
+        !matches!(self, Aggregator::Mean)
+    }
+}
+
+impl std::fmt::Display for Aggregator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Aggregator::Mean => f.write_str("mean"),
+            Aggregator::CenteredClip { clip_mult, iters } => {
+                write!(f, "cclip:{clip_mult}:{iters}")
+            }
+            Aggregator::TrimmedMean { trim_permille } => write!(f, "trimmed:{trim_permille}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Aggregator {
+    type Err = String;
+
+    /// Parses `mean`, `cclip[:CLIP[:ITERS]]` or `trimmed[:PERMILLE]`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(':');
+        let name = parts.next().unwrap_or_default().to_ascii_lowercase();
+        let args: Vec<&str> = parts.collect();
+        let num = |i: usize, what: &str| -> Result<Option<f64>, String> {
+            args.get(i)
+                .map(|a| {
+                    a.parse::<f64>()
+                        .map_err(|_| format!("{what} must be a number, not {a:?} (in {s:?})"))
+                })
+                .transpose()
+        };
+        let agg = match name.as_str() {
+            "mean" if args.is_empty() => Aggregator::Mean,
+            "cclip" if args.len() <= 2 => {
+                let Aggregator::CenteredClip { clip_mult, iters } = Aggregator::ROBUST else {
+                    unreachable!("the robust default is centered clipping")
+                };
+                Aggregator::CenteredClip {
+                    clip_mult: num(0, "the clip multiple")?.map_or(clip_mult, |v| v as f32),
+                    iters: num(1, "the iteration count")?.map_or(iters, |v| v as u32),
+                }
+            }
+            "trimmed" if args.len() <= 1 => Aggregator::TrimmedMean {
+                trim_permille: num(0, "the trimmed share")?.map_or(250, |v| v as u32),
+            },
+            _ => {
+                return Err(format!(
+                    "unknown aggregator {s:?}: expected mean, cclip[:CLIP[:ITERS]] or trimmed[:PERMILLE]"
+                ));
+            }
+        };
+        agg.validate().map_err(|e| format!("{s}: {e}"))?;
+        Ok(agg)
+    }
+}
 
 /// The optimizer of the inner steps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -131,6 +260,19 @@ pub struct Manifest {
     pub creator: [u8; 32],
     /// When non-empty, only these keys may contribute (a private swarm).
     pub allowlist: Vec<[u8; 32]>,
+    /// The bootstrap nodes' keys. A bootstrap follows the swarm by replaying every round and
+    /// attests the states it verified; a node more than a round behind trusts its attestation.
+    /// In a private swarm they are the only keys besides the members that may connect.
+    pub bootstraps: Vec<[u8; 32]>,
+    /// Private swarm: how many members must attest a state (sign a status holding it) before a
+    /// node too far behind to replay adopts it (besides a bootstrap's attestation). 0 in an open
+    /// swarm, where member signatures cost an attacker nothing and only bootstraps attest.
+    pub attest_quorum: u32,
+    /// How each round's contributions are combined.
+    pub aggregator: Aggregator,
+    /// [`psk_fingerprint`] of the swarm's pre-shared key (libp2p pnet) when the swarm is closed
+    /// at the transport: a node needs the `swarm.key` file to connect at all.
+    pub psk: Option<Hash32>,
 }
 
 /// A manifest with its creator's signature.
@@ -176,6 +318,23 @@ impl Manifest {
     /// The allowlist as an option: `None` for an open swarm.
     pub fn allowlist(&self) -> Option<&[[u8; 32]]> {
         (!self.allowlist.is_empty()).then_some(self.allowlist.as_slice())
+    }
+
+    /// Keys that may connect to a node of this swarm and be served: the members and the
+    /// bootstrap nodes; `None` for an open swarm.
+    pub fn admitted(&self) -> Option<Vec<[u8; 32]>> {
+        self.allowlist().map(|members| {
+            let mut keys = members.to_vec();
+            keys.extend(self.bootstraps.iter().filter(|b| !members.contains(b)));
+            keys
+        })
+    }
+
+    /// The attestation quorum a private swarm of `members` gets by default: one more than the
+    /// number of malicious members it tolerates, ⌊(members − 1)/3⌋ (so 1 up to three members,
+    /// 2 from four, 3 from seven).
+    pub fn default_attest_quorum(members: usize) -> u32 {
+        (members.saturating_sub(1) / 3 + 1) as u32
     }
 }
 
@@ -246,6 +405,19 @@ impl SignedManifest {
         {
             return bad("Muon's rate multiple must be within (0, 1000]");
         }
+        if m.allowlist.len() > MAX_MEMBERS || m.bootstraps.len() > MAX_BOOTSTRAPS {
+            return bad("too many members or bootstrap keys");
+        }
+        if m.allowlist.is_empty() {
+            if m.attest_quorum != 0 {
+                return bad("an open swarm has no attestation quorum (only bootstraps attest)");
+            }
+        } else if m.attest_quorum == 0 || m.attest_quorum as usize > m.allowlist.len() {
+            return bad("the attestation quorum must be within 1..=members");
+        }
+        if let Err(e) = m.aggregator.validate() {
+            return bad(&format!("aggregator {}: {e}", m.aggregator));
+        }
         Ok(())
     }
 }
@@ -290,6 +462,10 @@ pub(crate) mod tests {
             initial_state_hash: Hash32::default(),
             creator: [0; 32],
             allowlist: vec![],
+            bootstraps: vec![[8; 32]],
+            attest_quorum: 0,
+            aggregator: Aggregator::ROBUST,
+            psk: None,
         }
     }
 
@@ -344,6 +520,71 @@ pub(crate) mod tests {
         let err = m.sign(&key).verify().unwrap_err();
         assert_eq!(err, ManifestError::Version(1));
         assert!(err.to_string().contains("swarm init"), "{err}");
+    }
+
+    #[test]
+    fn quorums_and_aggregators_are_checked() {
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let mut m = sample();
+        m.attest_quorum = 1;
+        assert!(
+            matches!(m.sign(&key).verify(), Err(ManifestError::Invalid(e)) if e.contains("open swarm"))
+        );
+        let mut m = sample();
+        m.allowlist = vec![[1; 32], [2; 32]];
+        m.attest_quorum = 3;
+        assert!(
+            matches!(m.clone().sign(&key).verify(), Err(ManifestError::Invalid(e)) if e.contains("quorum"))
+        );
+        m.attest_quorum = 2;
+        assert!(m.clone().sign(&key).verify().is_ok());
+        assert_eq!(
+            m.admitted().unwrap(),
+            vec![[1; 32], [2; 32], [8; 32]],
+            "members, then bootstraps"
+        );
+        m.aggregator = Aggregator::CenteredClip {
+            clip_mult: f32::NAN,
+            iters: 3,
+        };
+        assert!(
+            matches!(m.sign(&key).verify(), Err(ManifestError::Invalid(e)) if e.contains("aggregator"))
+        );
+        assert_eq!(sample().admitted(), None);
+        let q: Vec<u32> = [1, 2, 3, 4, 6, 7, 10]
+            .iter()
+            .map(|&n| Manifest::default_attest_quorum(n))
+            .collect();
+        assert_eq!(q, [1, 1, 1, 2, 2, 3, 4]);
+    }
+
+    #[test]
+    fn aggregators_parse_and_print_back() {
+        for s in [
+            "mean",
+            "cclip:1.5:3",
+            "cclip:2:1",
+            "trimmed:250",
+            "trimmed:100",
+        ] {
+            let a: Aggregator = s.parse().unwrap();
+            assert_eq!(a.to_string(), s);
+        }
+        assert_eq!("cclip".parse::<Aggregator>(), Ok(Aggregator::ROBUST));
+        assert_eq!(
+            "trimmed".parse::<Aggregator>(),
+            Ok(Aggregator::TrimmedMean { trim_permille: 250 })
+        );
+        for bad in [
+            "median",
+            "cclip:0",
+            "cclip:2:0",
+            "cclip:x",
+            "trimmed:500",
+            "mean:1",
+        ] {
+            assert!(bad.parse::<Aggregator>().is_err(), "{bad}");
+        }
     }
 
     #[test]

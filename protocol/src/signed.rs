@@ -21,6 +21,9 @@ pub enum PayloadKind {
     Contribution,
     /// A node's advertised window ([`crate::message::WindowRecord`]); `round` is its time stamp.
     Window,
+    /// A node's status ([`crate::Status`]): `round` and `base_hash` are the round and the hash of
+    /// the state it holds, so a signed status is also its signer's attestation of that state.
+    Status,
 }
 
 /// The signed, bound part of an envelope besides the payload.

@@ -9,7 +9,7 @@ use thiserror::Error;
 use crate::MAX_MESSAGE_BYTES;
 
 /// Version byte at the start of every frame. Bump on any incompatible change.
-pub const WIRE_VERSION: u8 = 3;
+pub const WIRE_VERSION: u8 = 4;
 
 /// Why a frame could not be decoded.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -36,6 +36,17 @@ fn config() -> impl bincode::config::Config {
         .with_little_endian()
         .with_variable_int_encoding()
         .with_limit::<MAX_MESSAGE_BYTES>()
+}
+
+/// [`config`] with the limit `LIMIT` on what bincode may claim (allocate) while decoding.
+fn decode_body<T: DeserializeOwned, const LIMIT: usize>(
+    body: &[u8],
+) -> Result<(T, usize), bincode::error::DecodeError> {
+    let config = bincode::config::standard()
+        .with_little_endian()
+        .with_variable_int_encoding()
+        .with_limit::<LIMIT>();
+    bincode::serde::decode_from_slice(body, config)
 }
 
 /// Encodes `value` as a versioned frame.
@@ -76,8 +87,21 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8], limit: usize) -> Result<T, Deco
     if version != WIRE_VERSION {
         return Err(DecodeError::Version(version));
     }
-    let (value, used) = bincode::serde::decode_from_slice(body, config())
-        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    // bincode checks every declared length against its limit *before* allocating (a string's
+    // bytes are allocated whole, then read), so the limit must follow the body, not the largest
+    // frame: under MAX_MESSAGE_BYTES a 6-byte frame declaring a 255 MiB string allocated it. A
+    // value decoded from `n` bytes claims at most 16·n (bincode counts each varint at its
+    // in-memory size, 16 bytes at most, and each string at its length), so a limit of at least
+    // 16·n refuses nothing the largest one accepts.
+    const KIB: usize = 1024;
+    let decoded = match body.len().saturating_mul(16) {
+        n if n <= 4 * KIB => decode_body::<T, { 4 * KIB }>(body),
+        n if n <= 64 * KIB => decode_body::<T, { 64 * KIB }>(body),
+        n if n <= KIB * KIB => decode_body::<T, { KIB * KIB }>(body),
+        n if n <= 16 * KIB * KIB => decode_body::<T, { 16 * KIB * KIB }>(body),
+        _ => decode_body::<T, MAX_MESSAGE_BYTES>(body),
+    };
+    let (value, used) = decoded.map_err(|e| DecodeError::Malformed(e.to_string()))?;
     if used != body.len() {
         return Err(DecodeError::Trailing(body.len() - used));
     }
@@ -112,6 +136,36 @@ mod tests {
             decode::<Vec<u8>>(&f, 50),
             Err(DecodeError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn a_short_frame_declaring_a_huge_string_is_refused_before_the_string_is_allocated() {
+        // A 6-byte frame whose string claims 255 MiB, within MAX_MESSAGE_BYTES: bincode must
+        // refuse the claim (LimitExceeded) rather than allocate it and run out of input.
+        let mut frame = vec![WIRE_VERSION, 0xFC];
+        frame.extend_from_slice(&(255u32 << 20).to_le_bytes());
+        match decode::<String>(&frame, MAX_MESSAGE_BYTES) {
+            Err(DecodeError::Malformed(m)) => assert!(m.contains("LimitExceeded"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // The same claim in a frame big enough to hold it is only short of input.
+        frame.resize(16 << 20, 0);
+        match decode::<String>(&frame, MAX_MESSAGE_BYTES) {
+            Err(DecodeError::Malformed(m)) => assert!(m.contains("UnexpectedEnd"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn values_that_claim_more_than_their_wire_size_still_decode() {
+        // Each small u64 is one byte on the wire and claims eight: the limit follows the body
+        // with room for that, at every size step.
+        for n in [0usize, 1, 200, 5_000, 100_000, 2_000_000] {
+            let v: Vec<u64> = (0..n as u64).map(|i| i % 200).collect();
+            let s = String::from_utf8(vec![b'x'; n]).unwrap();
+            let f = encode(&(v.clone(), s.clone(), vec![Some(()); n]));
+            assert_eq!(decode(&f, MAX_MESSAGE_BYTES), Ok((v, s, vec![Some(()); n])));
+        }
     }
 
     #[test]

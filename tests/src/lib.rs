@@ -4,6 +4,8 @@
 //! The binary is the one cargo built next to the test executable (`target/<profile>/nightshift`);
 //! `cargo test --workspace` builds it because `nightshift-node` has integration tests of its own.
 
+pub mod probe;
+
 use nightshift_node::events::{NodeEvent, read_events};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -180,6 +182,8 @@ impl TestSwarm {
                 "/ip4/127.0.0.1/tcp/0".into(),
                 "--addr-file".into(),
                 addr_file.display().to_string(),
+                "--data-dir".into(),
+                self.dir.join("bootstrap").display().to_string(),
             ],
         );
         assert!(

@@ -1,100 +1,29 @@
 //! A plain rust-libp2p peer (TCP + noise + yamux, identify, ping, Kademlia) talks to real nodes:
 //! it identifies and pings them, finds the trainers with FIND_NODE on the swarm's protocol, then
 //! pushes forged and malformed contributions that the nodes must refuse without losing agreement.
+//! The swarm has an allowlist, so the probe connects with a key on it.
 
 use ed25519_dalek::SigningKey;
 use futures::StreamExt;
-use libp2p::kad::{self, store::MemoryStore};
-use libp2p::request_response::{self, ProtocolSupport};
-use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{Multiaddr, PeerId, StreamProtocol, identify, noise, ping, tcp, yamux};
+use libp2p::kad;
+use libp2p::swarm::SwarmEvent;
+use libp2p::{Multiaddr, PeerId, identify, ping};
 use nightshift_node::events::NodeEvent;
-use nightshift_node::net::{TrafficCounters, WireCodec, protocol_names};
+use nightshift_node::net::{libp2p_keypair, protocol_names};
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{
     Contribution, DeltaCodec, PayloadKind, Request, Response, SignedEnvelope, SignedManifest,
-    delta, wire,
+    delta, open_status, wire,
 };
+use nightshift_tests::probe::{self, ProbeEvent, ProbeSwarm};
 use nightshift_tests::{TestSwarm, wait_until};
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
-#[derive(NetworkBehaviour)]
-struct Probe {
-    identify: identify::Behaviour,
-    ping: ping::Behaviour,
-    kad: kad::Behaviour<MemoryStore>,
-    rr: request_response::Behaviour<WireCodec>,
-}
-
-type ProbeSwarm = libp2p::Swarm<Probe>;
-
-fn probe(kad_proto: &str, rr_proto: &str) -> ProbeSwarm {
-    let kad_proto = StreamProtocol::try_from_owned(kad_proto.to_string()).unwrap();
-    let rr_proto = StreamProtocol::try_from_owned(rr_proto.to_string()).unwrap();
-    libp2p::SwarmBuilder::with_new_identity()
-        .with_tokio()
-        .with_tcp(
-            tcp::Config::default(),
-            noise::Config::new,
-            yamux::Config::default,
-        )
-        .unwrap()
-        .with_behaviour(|key| {
-            let id = key.public().to_peer_id();
-            let mut kad =
-                kad::Behaviour::with_config(id, MemoryStore::new(id), kad::Config::new(kad_proto));
-            kad.set_mode(Some(kad::Mode::Client));
-            Probe {
-                identify: identify::Behaviour::new(identify::Config::new(
-                    "/probe/1.0.0".into(),
-                    key.public(),
-                )),
-                ping: ping::Behaviour::new(
-                    ping::Config::new().with_interval(Duration::from_millis(200)),
-                ),
-                kad,
-                rr: request_response::Behaviour::with_codec(
-                    WireCodec {
-                        max_frame: 64 << 20,
-                        traffic: Arc::new(TrafficCounters::default()),
-                    },
-                    [(rr_proto, ProtocolSupport::Full)],
-                    request_response::Config::default(),
-                ),
-            }
-        })
-        .unwrap()
-        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(60)))
-        .build()
-}
-
 async fn request(swarm: &mut ProbeSwarm, peer: PeerId, req: Request) -> Response {
-    let id = swarm.behaviour_mut().rr.send_request(&peer, req);
-    let fut = async {
-        loop {
-            if let SwarmEvent::Behaviour(ProbeEvent::Rr(ev)) = swarm.select_next_some().await {
-                match ev {
-                    request_response::Event::Message {
-                        message:
-                            request_response::Message::Response {
-                                request_id,
-                                response,
-                            },
-                        ..
-                    } if request_id == id => return response,
-                    request_response::Event::OutboundFailure {
-                        request_id, error, ..
-                    } if request_id == id => panic!("request failed: {error}"),
-                    _ => {}
-                }
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), fut)
+    probe::request(swarm, peer, req)
         .await
-        .expect("request timed out")
+        .unwrap_or_else(|e| panic!("request failed: {e}"))
 }
 
 /// A contribution in the swarm's own codec.
@@ -139,10 +68,20 @@ fn signed_as(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_are_refused() {
     let dir = tempfile::tempdir().unwrap();
+    let probe_key = SigningKey::from_bytes(&[66; 32]);
+    let probe_key_file = dir.path().join("probe.key.json");
+    nightshift_bootstrap::write_key(&probe_key_file, &probe_key).unwrap();
     let swarm = TestSwarm::create(
         dir.path(),
         2,
-        &["--inner-steps", "60", "--warmup-steps", "5"],
+        &[
+            "--inner-steps",
+            "60",
+            "--warmup-steps",
+            "5",
+            "--allow",
+            probe_key_file.to_str().unwrap(),
+        ],
     );
     let manifest: SignedManifest =
         serde_json::from_str(&std::fs::read_to_string(&swarm.manifest).unwrap()).unwrap();
@@ -170,7 +109,7 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
     let num_params = started[0].1;
 
     let (kad_proto, rr_proto) = protocol_names(&manifest.swarm_id());
-    let mut p = probe(&kad_proto, &rr_proto);
+    let mut p = probe::probe(libp2p_keypair(&probe_key), None, &kad_proto, &rr_proto);
     let boot_addr: Multiaddr = addr.parse().unwrap();
     let Some(libp2p::multiaddr::Protocol::P2p(boot_id)) = boot_addr.iter().last() else {
         panic!("no peer id in {addr}")
@@ -243,9 +182,16 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
     }
     let _ = p.dial(n0); // usually connected already by the FIND_NODE query
     let status = match request(&mut p, n0, Request::GetStatus).await {
-        Response::Status(s) if s.round < rounds - 1 => s,
+        Response::Status(env) => open_status(
+            &env,
+            &manifest.swarm_id(),
+            None,
+            nightshift_node::net::unix_ms(),
+        )
+        .unwrap(),
         other => panic!("unexpected status answer {other:?}"),
     };
+    assert!(status.round < rounds - 1, "the swarm finished too early");
     let member = nightshift_bootstrap_key(&swarm, 1);
     let outsider = SigningKey::from_bytes(&[77; 32]);
     let (r, base) = (status.round, status.state_hash);

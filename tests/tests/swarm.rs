@@ -176,32 +176,43 @@ fn a_node_given_only_the_swarm_id_fetches_the_manifest_from_the_bootstrap() {
     let manifest: nightshift_protocol::SignedManifest =
         serde_json::from_str(&std::fs::read_to_string(&swarm.manifest).unwrap()).unwrap();
     let (_boot, addr) = swarm.bootstrap();
-    let data_dir = dir.path().join("fetcher");
-    let run = |id: &str| {
-        std::process::Command::new(nightshift_tests::nightshift_bin())
-            .args(["run", "--bootstrap", &addr, "--swarm", id, "--rounds", "0"])
+    let member_key = dir.path().join("node0.key.json");
+    let run = |id: &str, data_dir: &str, key: Option<&std::path::Path>| {
+        let mut c = std::process::Command::new(nightshift_tests::nightshift_bin());
+        c.args(["run", "--bootstrap", &addr, "--swarm", id, "--rounds", "0"])
             .args([
                 "--data-dir",
-                data_dir.to_str().unwrap(),
+                dir.path().join(data_dir).to_str().unwrap(),
                 "--listen",
                 "/ip4/127.0.0.1/tcp/0",
-            ])
-            .output()
-            .unwrap()
+            ]);
+        if let Some(k) = key {
+            c.args(["--key", k.to_str().unwrap()]);
+        }
+        c.output().unwrap()
     };
-    let ok = run(&manifest.swarm_id().to_hex());
+    let id = manifest.swarm_id().to_hex();
+    let ok = run(&id, "fetcher", Some(&member_key));
     assert!(
         ok.status.success(),
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
     // The fetched manifest was checked against the id and stored.
-    let wrong = run(&"ab".repeat(32));
+    let wrong = run(&"ab".repeat(32), "fetcher-wrong", Some(&member_key));
     assert!(!wrong.status.success());
     assert!(
         String::from_utf8_lossy(&wrong.stderr).contains("manifest"),
         "{}",
         String::from_utf8_lossy(&wrong.stderr)
+    );
+    // The swarm has an allowlist: a key that is not on it is not served the manifest.
+    let outsider = run(&id, "outsider", None);
+    assert!(!outsider.status.success());
+    assert!(
+        String::from_utf8_lossy(&outsider.stderr).contains("members only"),
+        "{}",
+        String::from_utf8_lossy(&outsider.stderr)
     );
 }
 

@@ -34,8 +34,12 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// Keys and a manifest for three trainers of the tiny model with H = `inner_steps` (a 5-step
-/// warm-up; a 120 s deadline, so that only a stalled swarm ever reaches it).
+/// warm-up; a 120 s deadline, so that only a stalled swarm ever reaches it), and a fourth
+/// allowed key, `watcher.key.json`, for `nightshift peers` to look in with (the swarm's nodes
+/// refuse keys outside its allowlist).
 fn three_nodes(dir: &Path, inner_steps: &str) -> TestSwarm {
+    let watcher = dir.join("watcher.key.json");
+    run_ok(&["keygen", "--out", watcher.to_str().unwrap()]);
     TestSwarm::create(
         dir,
         3,
@@ -46,6 +50,10 @@ fn three_nodes(dir: &Path, inner_steps: &str) -> TestSwarm {
             "5",
             "--deadline-secs",
             "120",
+            "--allow",
+            watcher.to_str().unwrap(),
+            "--attest-quorum",
+            "1",
         ],
     )
 }
@@ -153,6 +161,8 @@ fn a_closing_window_yields_a_partial_contribution_and_the_node_rejoins_when_idle
         &addr,
         "--manifest",
         swarm.manifest.to_str().unwrap(),
+        "--key",
+        dir.join("watcher.key.json").to_str().unwrap(),
         "--json",
         "--wait",
         "3",

@@ -2,23 +2,32 @@
 
 use anyhow::Context;
 use futures::StreamExt;
+use libp2p::core::transport::upgrade::Version;
 use libp2p::kad::{self, store::MemoryStore, store::RecordStore};
 use libp2p::multiaddr::Protocol;
-use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
+use libp2p::request_response::{
+    self, InboundRequestId, OutboundRequestId, ProtocolSupport, ResponseChannel,
+};
+use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent, dial_opts::DialOpts};
-use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, identify, noise, ping, tcp, yamux};
+use libp2p::{
+    Multiaddr, PeerId, StreamProtocol, Swarm, Transport, allow_block_list, connection_limits,
+    identify, noise, ping, pnet, tcp, yamux,
+};
 use nightshift_protocol::message::{MAX_CHUNK_BYTES, open_window, window_key};
 use nightshift_protocol::{
     Hash32, Request, Response, SignedEnvelope, SignedManifest, StateChunk, StateSnapshot, Status,
     wire,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
+use super::StatusCheck;
 use super::codec::{TrafficCounters, WireCodec};
+use super::limits::{PeerLimits, Verdict};
 
 /// How long one request may take before it fails.
 pub const REQUEST_TIMEOUT_SECS: u64 = 120;
@@ -30,7 +39,8 @@ const DISCOVERY_INTERVAL_MS: u64 = 2000;
 /// What a node serves to peers without asking the round task.
 #[derive(Debug)]
 pub struct Served {
-    pub status: Option<Status>,
+    /// The node's signed status ([`nightshift_protocol::sign_status`]).
+    pub status: Option<Arc<SignedEnvelope>>,
     /// Verified contributions by (round, sender).
     pub contributions: HashMap<(u64, [u8; 32]), Arc<SignedEnvelope>>,
     /// The node's current state.
@@ -96,7 +106,8 @@ pub enum NetEvent {
         peer: PeerId,
         envelope: SignedEnvelope,
     },
-    /// A peer announced its status.
+    /// A peer announced its status, signed by its own key and checked (swarm, membership,
+    /// time) by [`StatusCheck`]; unsigned and outsiders' statuses never get here.
     StatusAnnounced {
         peer: PeerId,
         status: Status,
@@ -107,6 +118,10 @@ pub enum NetEvent {
 
 #[derive(NetworkBehaviour)]
 struct Behaviour {
+    /// In a swarm with an allowlist, refuses every connection from or to a key that is not on it
+    /// (members and bootstrap nodes), right after the handshake, before any protocol runs.
+    gate: Toggle<allow_block_list::Behaviour<allow_block_list::AllowedPeers>>,
+    limits: connection_limits::Behaviour,
     identify: identify::Behaviour,
     ping: ping::Behaviour,
     kad: kad::Behaviour<MemoryStore>,
@@ -193,32 +208,79 @@ impl NetHandle {
     }
 }
 
-/// Builds the swarm, starts listening on `listen`, dials `bootstrap`, and spawns the event loop.
+/// How a node's network is set up.
+pub struct NetConfig {
+    pub keypair: libp2p::identity::Keypair,
+    pub swarm_id: Hash32,
+    /// Largest frame a peer may send (see [`WireCodec`]).
+    pub max_frame: usize,
+    pub listen: Multiaddr,
+    /// Addresses dialled at the start (bootstrap nodes).
+    pub bootstrap: Vec<Multiaddr>,
+    /// In a swarm with an allowlist, the only keys that may connect: the members and the
+    /// bootstrap nodes ([`nightshift_protocol::Manifest::admitted`]); `None` in an open swarm.
+    pub admitted: Option<Vec<[u8; 32]>>,
+    /// The swarm's pre-shared key: every connection then runs libp2p pnet under noise, so a
+    /// peer without the key cannot complete a handshake at all. pnet works over TCP only.
+    pub psk: Option<[u8; 32]>,
+}
+
+/// Most connections a node keeps with one peer, and in all.
+const MAX_CONNECTIONS_PER_PEER: u32 = 2;
+const MAX_CONNECTIONS: u32 = 512;
+const MAX_PENDING_INCOMING: u32 = 64;
+/// Concurrent request-response streams on one connection (each may carry a frame of up to
+/// `max_frame` bytes).
+const MAX_STREAMS_PER_CONNECTION: usize = 16;
+
+/// Builds the swarm, starts listening, dials the bootstrap addresses, and spawns the event loop.
 ///
 /// # Errors
 /// When the transport cannot be built or the listen address is refused.
 pub fn spawn_network(
-    keypair: libp2p::identity::Keypair,
-    swarm_id: Hash32,
-    max_frame: usize,
-    listen: Multiaddr,
-    bootstrap: Vec<Multiaddr>,
+    cfg: NetConfig,
     served: Arc<RwLock<Served>>,
 ) -> anyhow::Result<(NetHandle, mpsc::Receiver<NetEvent>)> {
+    let NetConfig {
+        keypair,
+        swarm_id,
+        max_frame,
+        listen,
+        bootstrap,
+        admitted,
+        psk,
+    } = cfg;
     let protocols = super::protocol_names(&swarm_id);
     let traffic = Arc::new(TrafficCounters::default());
     let kad_proto = StreamProtocol::try_from_owned(protocols.0).context("kad protocol name")?;
     let rr_proto = StreamProtocol::try_from_owned(protocols.1).context("rr protocol name")?;
-    let codec = WireCodec {
-        max_frame,
-        traffic: traffic.clone(),
-    };
+    let codec = WireCodec::new(max_frame, traffic.clone());
+    let admitted_peers: Option<HashSet<PeerId>> = admitted.as_ref().map(|keys| {
+        keys.iter()
+            .filter_map(super::peer_id_of)
+            .chain(std::iter::once(keypair.public().to_peer_id()))
+            .collect()
+    });
+    let status_check = StatusCheck::new(swarm_id, admitted.clone());
+    let psk = psk.map(pnet::PreSharedKey::new);
     let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
-        .with_tcp(
-            tcp::Config::default().nodelay(true),
-            noise::Config::new,
-            yamux::Config::default,
+        .with_other_transport(
+            |key| -> Result<_, Box<dyn std::error::Error + Send + Sync>> {
+                let base = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
+                let maybe_private =
+                    match psk {
+                        Some(psk) => either::Either::Left(base.and_then(move |socket, _| {
+                            pnet::PnetConfig::new(psk).handshake(socket)
+                        })),
+                        None => either::Either::Right(base),
+                    };
+                Ok(maybe_private
+                    .upgrade(Version::V1Lazy)
+                    .authenticate(noise::Config::new(key)?)
+                    .multiplex(yamux::Config::default())
+                    .timeout(Duration::from_secs(20)))
+            },
         )?
         .with_behaviour(|key| {
             let peer = key.public().to_peer_id();
@@ -229,7 +291,22 @@ pub fn spawn_network(
             kcfg.set_record_ttl(Some(Duration::from_secs(WINDOW_TTL_SECS)));
             let mut kad = kad::Behaviour::with_config(peer, MemoryStore::new(peer), kcfg);
             kad.set_mode(Some(kad::Mode::Server));
+            let gate = admitted_peers.as_ref().map(|peers| {
+                let mut g =
+                    allow_block_list::Behaviour::<allow_block_list::AllowedPeers>::default();
+                for p in peers {
+                    g.allow_peer(*p);
+                }
+                g
+            });
             Behaviour {
+                gate: Toggle::from(gate),
+                limits: connection_limits::Behaviour::new(
+                    connection_limits::ConnectionLimits::default()
+                        .with_max_established_per_peer(Some(MAX_CONNECTIONS_PER_PEER))
+                        .with_max_established(Some(MAX_CONNECTIONS))
+                        .with_max_pending_incoming(Some(MAX_PENDING_INCOMING)),
+                ),
                 identify: identify::Behaviour::new(
                     identify::Config::new("/nightshift/1.0.0".into(), key.public())
                         .with_agent_version(format!("nightshift/{}", env!("CARGO_PKG_VERSION"))),
@@ -241,7 +318,7 @@ pub fn spawn_network(
                     [(rr_proto, ProtocolSupport::Full)],
                     request_response::Config::default()
                         .with_request_timeout(Duration::from_secs(REQUEST_TIMEOUT_SECS))
-                        .with_max_concurrent_streams(256),
+                        .with_max_concurrent_streams(MAX_STREAMS_PER_CONNECTION),
                 ),
             }
         })?
@@ -276,6 +353,10 @@ pub fn spawn_network(
         swarm_id,
         kad_proto,
         listen_addrs: vec![],
+        admitted: admitted_peers,
+        status_check,
+        limits: PeerLimits::default(),
+        inflight: HashMap::new(),
     };
     tokio::spawn(ev.run());
     Ok((handle, ev_rx))
@@ -298,9 +379,24 @@ struct EventLoop {
     swarm_id: Hash32,
     kad_proto: StreamProtocol,
     listen_addrs: Vec<Multiaddr>,
+    /// `Some` in a swarm with an allowlist: the peers that may connect (the gate refuses the
+    /// others; this set also keeps them out of Kademlia).
+    admitted: Option<HashSet<PeerId>>,
+    status_check: StatusCheck,
+    /// Per-peer request rates.
+    limits: PeerLimits,
+    /// Inbound requests each peer has in flight (answered but not yet sent).
+    inflight: HashMap<PeerId, HashSet<InboundRequestId>>,
 }
 
+/// Inbound requests one peer may have in flight at once; more are dropped unanswered.
+const MAX_INFLIGHT_PER_PEER: usize = 8;
+
 impl EventLoop {
+    fn admits(&self, peer: &PeerId) -> bool {
+        self.admitted.as_ref().is_none_or(|a| a.contains(peer))
+    }
+
     async fn run(mut self) {
         let mut discovery = tokio::time::interval(Duration::from_millis(DISCOVERY_INTERVAL_MS));
         loop {
@@ -324,7 +420,10 @@ impl EventLoop {
     }
 
     fn dial_peer(&mut self, peer: PeerId, addrs: Vec<Multiaddr>) {
-        if peer == *self.swarm.local_peer_id() || self.swarm.is_connected(&peer) || addrs.is_empty()
+        if peer == *self.swarm.local_peer_id()
+            || self.swarm.is_connected(&peer)
+            || addrs.is_empty()
+            || !self.admits(&peer)
         {
             return;
         }
@@ -427,13 +526,18 @@ impl EventLoop {
                 ..
             } => {
                 debug!(peer = %peer_id, "disconnected");
+                self.inflight.remove(&peer_id);
+                self.limits.forget(&peer_id);
                 self.forward(NetEvent::PeerDisconnected(peer_id));
+            }
+            SwarmEvent::IncomingConnectionError { error, .. } => {
+                debug!(%error, "refused an incoming connection");
             }
             SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
                 peer_id,
                 info,
                 ..
-            })) if info.protocols.contains(&self.kad_proto) => {
+            })) if info.protocols.contains(&self.kad_proto) && self.admits(&peer_id) => {
                 // Only peers that speak this swarm's Kademlia protocol go into the routing table.
                 for addr in info.listen_addrs {
                     self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
@@ -457,7 +561,12 @@ impl EventLoop {
                 ..
             } => {
                 for p in ok.peers {
-                    self.dial_peer(p.peer_id, p.addrs);
+                    if self.admits(&p.peer_id) {
+                        self.dial_peer(p.peer_id, p.addrs);
+                    } else {
+                        // Another node's routing table listed an outsider: keep it out of ours.
+                        self.swarm.behaviour_mut().kad.remove_peer(&p.peer_id);
+                    }
                 }
             }
             kad::Event::InboundRequest {
@@ -539,11 +648,13 @@ impl EventLoop {
                 peer,
                 message:
                     Message::Request {
-                        request, channel, ..
+                        request,
+                        channel,
+                        request_id,
                     },
                 ..
             } => {
-                self.on_request(peer, request, channel);
+                self.on_request(peer, request_id, request, channel);
             }
             Event::Message {
                 message:
@@ -567,21 +678,76 @@ impl EventLoop {
                     let _ = reply.send(Err(anyhow::anyhow!("request to {peer} failed: {error}")));
                 }
             }
-            Event::InboundFailure { peer, error, .. } => {
+            Event::InboundFailure {
+                peer,
+                error,
+                request_id,
+                ..
+            } => {
+                self.done_inbound(peer, request_id);
                 debug!(%peer, %error, "inbound request failed");
             }
-            Event::ResponseSent { .. } => {}
+            Event::ResponseSent {
+                peer, request_id, ..
+            } => self.done_inbound(peer, request_id),
         }
     }
 
-    fn on_request(&mut self, peer: PeerId, request: Request, channel: ResponseChannel<Response>) {
+    fn done_inbound(&mut self, peer: PeerId, id: InboundRequestId) {
+        if let Some(set) = self.inflight.get_mut(&peer) {
+            set.remove(&id);
+            if set.is_empty() {
+                self.inflight.remove(&peer);
+            }
+        }
+    }
+
+    /// Answers or forwards one inbound request. A request from a peer outside the swarm's
+    /// allowlist, over its rate or with too many requests in flight is dropped unanswered (the
+    /// channel closes); a status that does not check is dropped with its reason logged.
+    fn on_request(
+        &mut self,
+        peer: PeerId,
+        id: InboundRequestId,
+        request: Request,
+        channel: ResponseChannel<Response>,
+    ) {
+        if !self.admits(&peer) {
+            debug!(%peer, "dropped a request from outside the swarm");
+            self.swarm.disconnect_peer_id(peer).ok();
+            return;
+        }
+        let inflight = self.inflight.get(&peer).map_or(0, |s| s.len());
+        let push = matches!(request, Request::Push(_));
+        match self.limits.check(
+            peer,
+            push,
+            inflight >= MAX_INFLIGHT_PER_PEER,
+            Instant::now(),
+        ) {
+            Verdict::Serve => {}
+            Verdict::Drop { warn_now } => {
+                if warn_now {
+                    warn!(%peer, dropped = self.limits.dropped(&peer), "peer exceeds its request rate; dropping its requests");
+                }
+                return;
+            }
+            Verdict::Disconnect => {
+                warn!(%peer, "peer keeps flooding requests; disconnecting it");
+                self.swarm.disconnect_peer_id(peer).ok();
+                return;
+            }
+        }
         let response = match request {
             Request::Push(envelope) => {
                 self.forward(NetEvent::ContributionPushed { peer, envelope });
                 Response::Ack
             }
-            Request::Announce(status) => {
-                self.forward(NetEvent::StatusAnnounced { peer, status });
+            Request::Announce(envelope) => {
+                match self.status_check.open(&peer, &envelope, super::unix_ms()) {
+                    Ok(status) => self.forward(NetEvent::StatusAnnounced { peer, status }),
+                    Err(e) => debug!(%peer, reason = %e, "status refused"),
+                }
                 Response::Ack
             }
             other => self.answer(other),
@@ -594,6 +760,8 @@ impl EventLoop {
             .is_err()
         {
             debug!(%peer, "peer went away before the response was sent");
+        } else {
+            self.inflight.entry(peer).or_default().insert(id);
         }
     }
 
@@ -603,7 +771,7 @@ impl EventLoop {
         };
         match request {
             Request::GetStatus => match &served.status {
-                Some(s) => Response::Status(s.clone()),
+                Some(s) => Response::Status((**s).clone()),
                 None => Response::Refused("not ready".into()),
             },
             Request::GetContribution { round, sender } => Response::Contribution(
@@ -623,7 +791,7 @@ impl EventLoop {
                     .map(|s| (**s).clone()),
             ),
             Request::GetManifest => {
-                Response::Manifest(served.manifest.as_ref().map(|m| (**m).clone()))
+                Response::Manifest(served.manifest.as_ref().map(|m| Box::new((**m).clone())))
             }
             Request::GetStateChunk { hash, offset, len } => {
                 Response::StateChunk(served.chunk(&hash, offset, len))

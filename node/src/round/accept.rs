@@ -1,14 +1,15 @@
-//! Pure round logic: accepting a contribution, aggregating a round, choosing the canonical state.
-//! No I/O, so every rule here is tested directly.
+//! Pure round logic: accepting a contribution and aggregating a round. No I/O, so every rule
+//! here is tested directly.
 
+use nightshift_model::robust::{bound_norms, centered_clip, trimmed_mean};
 use nightshift_model::{
     ErrorFeedback, WeightedDelta, partial_round_scale, update_noise, weighted_average,
 };
 use nightshift_protocol::{
-    Contribution, DecodeError, DeltaCodec, DeltaError, EncodedDelta, Expectation, Hash32,
-    MAX_EXPECTED, PayloadKind, SignedEnvelope, VerifyError, delta, wire,
+    Aggregator, Contribution, DecodeError, DeltaCodec, DeltaError, EncodedDelta, Expectation,
+    Hash32, MAX_EXPECTED, PayloadKind, SignedEnvelope, VerifyError, delta, wire,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use thiserror::Error;
 
 /// A verified, decoded contribution.
@@ -171,6 +172,14 @@ pub fn merge_late(base: &[f32], local: &mut [f32], tokens: u64, late: &Late) -> 
 
 /// The token-weighted mean of the accepted deltas, in sender order (the same on every node).
 pub fn aggregate(accepted: &BTreeMap<[u8; 32], Accepted>) -> Option<Vec<f32>> {
+    aggregate_with(accepted, Aggregator::Mean)
+}
+
+/// The accepted deltas combined by `aggregator`, weighted by tokens, in sender order.
+pub fn aggregate_with(
+    accepted: &BTreeMap<[u8; 32], Accepted>,
+    aggregator: Aggregator,
+) -> Option<Vec<f32>> {
     let parts: Vec<WeightedDelta<'_>> = accepted
         .values()
         .map(|a| WeightedDelta {
@@ -178,7 +187,13 @@ pub fn aggregate(accepted: &BTreeMap<[u8; 32], Accepted>) -> Option<Vec<f32>> {
             weight: a.tokens as f64,
         })
         .collect();
-    weighted_average(&parts)
+    match aggregator {
+        Aggregator::Mean => weighted_average(&parts),
+        Aggregator::CenteredClip { clip_mult, iters } => {
+            centered_clip(&parts, clip_mult as f64, iters)
+        }
+        Aggregator::TrimmedMean { trim_permille } => trimmed_mean(&parts, trim_permille),
+    }
 }
 
 /// A round's outer-step input: the token-weighted mean of what arrived, scaled down when fewer
@@ -197,18 +212,27 @@ pub struct RoundStep {
 }
 
 /// The outer step's input for the contributions of one round, given the state's running noise
-/// ratio. A round of `n` contributions against `planned` is scaled by
+/// ratio and the swarm's aggregator. A round of `n` contributions against `planned` is scaled by
 /// [`partial_round_scale`]`(r, planned, n)`: the shrinkage that minimises the expected error of
 /// a mean of `n` noisy deltas relative to a full round's, so a full round is unchanged and a
-/// round of one is trusted least. Every node computes it from the same contributions in the same
-/// order, so every node takes the same step. `None` when nothing arrived.
+/// round of one is trusted least. With a robust aggregator the noise ratio is measured on the
+/// norm-bounded deltas, so an oversized contribution cannot inflate it. Every node computes it
+/// from the same contributions in the same order, so every node takes the same step. `None`
+/// when nothing arrived.
 pub fn round_step(
     accepted: &BTreeMap<[u8; 32], Accepted>,
     noise: Option<f64>,
+    aggregator: Aggregator,
 ) -> Option<RoundStep> {
-    let mut delta = aggregate(accepted)?;
+    let mut delta = aggregate_with(accepted, aggregator)?;
     let deltas: Vec<&[f32]> = accepted.values().map(|a| a.delta.as_slice()).collect();
-    let noise = update_noise(noise, &deltas);
+    let noise = if aggregator.is_robust() {
+        let bounded = bound_norms(&deltas);
+        let refs: Vec<&[f32]> = bounded.iter().map(Vec::as_slice).collect();
+        update_noise(noise, &refs)
+    } else {
+        update_noise(noise, &deltas)
+    };
     let mut wants: Vec<u32> = accepted
         .values()
         .map(|a| a.expected.clamp(1, MAX_EXPECTED))
@@ -248,22 +272,6 @@ pub fn missed_correction(
     let missed = planned.saturating_sub(arrived).max(1) as f32;
     let f = (planned as f32 * scale - arrived as f32) / missed;
     own.iter().zip(m).map(|(d, m)| d - f * m).collect()
-}
-
-/// The state the swarm should continue from, given every (state hash, contributors) seen for
-/// one round: the hash held by most nodes; on a tie the one formed by more contributions; then
-/// the smallest hash. Every node applying this to the same views picks the same state.
-pub fn choose_canonical(views: &[(Hash32, usize)]) -> Option<Hash32> {
-    let mut tally: HashMap<Hash32, (usize, usize)> = HashMap::new();
-    for (h, formed) in views {
-        let e = tally.entry(*h).or_insert((0, 0));
-        e.0 += 1;
-        e.1 = e.1.max(*formed);
-    }
-    tally
-        .into_iter()
-        .max_by(|(ha, (na, fa)), (hb, (nb, fb))| na.cmp(nb).then(fa.cmp(fb)).then(hb.cmp(ha)))
-        .map(|(h, _)| h)
 }
 
 #[cfg(test)]
@@ -528,16 +536,26 @@ mod tests {
             ("other codec", other_codec, "the swarm uses fp32"),
             ("greedy", greedy, "tokens"),
         ];
+        // Every bad contribution goes through the same path as a good one: what `accept`
+        // returns (nothing, for these) joins the round.
         let mut all = clean.clone();
         for (name, env, why) in cases {
-            let err = accept(&ctx, &env).expect_err(name);
-            assert!(err.to_string().contains(why), "{name}: {err}");
-            // A refused contribution is never inserted, so the round's result is unchanged.
-            if let Ok(a) = accept(&ctx, &env) {
-                all.insert(a.sender, a);
+            let outcome = accept(&ctx, &env);
+            match &outcome {
+                Err(e) => assert!(e.to_string().contains(why), "{name}: {e}"),
+                Ok(_) => panic!("{name} was accepted"),
             }
+            all.extend(outcome.ok().map(|a| (a.sender, a)));
         }
+        // The round's result is the honest-only one, bit for bit, under every aggregator.
+        assert_eq!(all.len(), 2);
         assert_eq!(aggregate(&all).unwrap(), expected);
+        for agg in [Aggregator::Mean, Aggregator::ROBUST] {
+            assert_eq!(
+                round_step(&all, Some(1.0), agg),
+                round_step(&clean, Some(1.0), agg)
+            );
+        }
     }
 
     fn round_of(deltas: &[(&[f32], u32)]) -> BTreeMap<[u8; 32], Accepted> {
@@ -563,14 +581,14 @@ mod tests {
         let (a, b, c) = ([2.0f32, 0.5, 0.0], [2.0f32, -0.5, 0.1], [1.8f32, 0.0, -0.1]);
         // A full round: the plain mean, the noise ratio learnt from it.
         let full = round_of(&[(&a, 3), (&b, 3), (&c, 3)]);
-        let step = round_step(&full, Some(2.0)).unwrap();
+        let step = round_step(&full, Some(2.0), Aggregator::Mean).unwrap();
         assert_eq!((step.scale, step.planned), (1.0, 3));
         assert_eq!(step.delta, aggregate(&full).unwrap());
         let deltas: Vec<&[f32]> = vec![&a, &b, &c];
         assert_eq!(step.noise, update_noise(Some(2.0), &deltas));
         // Two of the three planned: shrunk by (1 + r/3) / (1 + r/2) with the updated r.
         let short = round_of(&[(&a, 3), (&b, 3)]);
-        let step = round_step(&short, Some(2.0)).unwrap();
+        let step = round_step(&short, Some(2.0), Aggregator::Mean).unwrap();
         let r = update_noise(Some(2.0), &[&a, &b]).unwrap();
         let want = ((1.0 + r / 3.0) / (1.0 + r / 2.0)) as f32;
         assert!(
@@ -583,16 +601,19 @@ mod tests {
         }
         // One alone: no spread to learn from, the state's r sizes the step.
         let alone = round_of(&[(&c, 3)]);
-        let step = round_step(&alone, Some(2.0)).unwrap();
+        let step = round_step(&alone, Some(2.0), Aggregator::Mean).unwrap();
         assert_eq!(step.noise, Some(2.0));
         assert!((step.scale - (1.0 + 2.0 / 3.0) / 3.0).abs() < 1e-6);
         // Before any round could tell the noise, nothing is shrunk.
-        assert_eq!(round_step(&alone, None).unwrap().scale, 1.0);
+        assert_eq!(
+            round_step(&alone, None, Aggregator::Mean).unwrap().scale,
+            1.0
+        );
         // One contribution claiming a crowd does not shrink the round of the others.
         let liar = round_of(&[(&a, 3), (&b, 3), (&c, MAX_EXPECTED)]);
-        let step = round_step(&liar, Some(2.0)).unwrap();
+        let step = round_step(&liar, Some(2.0), Aggregator::Mean).unwrap();
         assert_eq!((step.scale, step.planned), (1.0, 3));
-        assert!(round_step(&BTreeMap::new(), Some(2.0)).is_none());
+        assert!(round_step(&BTreeMap::new(), Some(2.0), Aggregator::Mean).is_none());
     }
 
     /// Through the node's own encoding path, with every lossy codec (the low-rank one with real
@@ -678,16 +699,5 @@ mod tests {
         for (j, v) in avg.iter().enumerate() {
             assert!((v - (j as f32 + 1.75) * 1e-3).abs() < 1e-6);
         }
-    }
-
-    #[test]
-    fn canonical_state_is_the_majority_then_the_most_contributions() {
-        let a = Hash32::of(&[b"a"]);
-        let b = Hash32::of(&[b"b"]);
-        assert_eq!(choose_canonical(&[(a, 3), (b, 2), (b, 2)]), Some(b));
-        assert_eq!(choose_canonical(&[(a, 3), (b, 2)]), Some(a));
-        let tie = choose_canonical(&[(a, 2), (b, 2)]);
-        assert_eq!(tie, Some(a.min(b)));
-        assert_eq!(choose_canonical(&[]), None);
     }
 }

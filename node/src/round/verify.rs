@@ -1,0 +1,625 @@
+//! Verified state: a node adopts a peer's state only when it can check it.
+//!
+//! A state θ(r+1) is the deterministic result of applying the swarm's aggregator and outer step
+//! ([`Recipe::apply`]) to θ(r) and the set of signed contributions that formed it. So:
+//! - **Replay.** A state one round ahead of one we trust (our current state, or for a fork the
+//!   state before it) is checked by fetching the contributions its holders say formed it,
+//!   verifying each (signature, swarm, round, base state, membership, bounds) and replaying the
+//!   round — no training, and fewer bytes than the state itself.
+//! - **Attestation.** A state further ahead is adopted only when the swarm's rules vouch for
+//!   it: a bootstrap node named in the manifest (which follows every round by replay) signed a
+//!   status holding it, or, in a private swarm, the manifest's quorum of members did.
+//! - **Choice.** Between verified states of one round, the one formed by more contributions
+//!   wins, then the smaller hash ([`preferred`]); every node applying this picks the same.
+//!
+//! A claim — a signed status — is only a pointer to something to check; how many peers repeat
+//! it does not matter.
+
+use libp2p::PeerId;
+use nightshift_model::OuterOptimizer;
+use nightshift_protocol::{
+    Aggregator, DeltaCodec, Hash32, Request, Response, SignedEnvelope, SignedManifest,
+    StateSnapshot, Status,
+};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+
+use super::accept::{Accepted, RoundContext, RoundStep, accept, round_step};
+use crate::net::{NetHandle, public_key_of};
+
+/// Time-out of one contribution look-up while replaying.
+const FETCH_TIMEOUT_SECS: u64 = 10;
+/// Most candidate states tried per alignment (each may cost a look-up per contribution).
+pub const MAX_CANDIDATES: usize = 4;
+
+/// What replaying a round needs to know about the swarm: the manifest's recipe.
+#[derive(Clone, Debug)]
+pub struct Recipe {
+    pub swarm_id: Hash32,
+    /// Members who may contribute (`None`: an open swarm).
+    pub allowlist: Option<Vec<[u8; 32]>>,
+    /// Bootstrap keys, whose attestation a node far behind trusts.
+    pub bootstraps: Vec<[u8; 32]>,
+    pub attest_quorum: u32,
+    pub num_params: usize,
+    /// Parameter shapes in flat order (the low-rank codec's matrices).
+    pub shapes: Arc<Vec<Vec<usize>>>,
+    pub codec: DeltaCodec,
+    /// Most tokens one round can train (H · batch · seq).
+    pub max_tokens: u64,
+    pub aggregator: Aggregator,
+    pub outer_lr: f32,
+    pub outer_momentum: f32,
+}
+
+impl Recipe {
+    /// The recipe of `m` for a model of `shapes`.
+    pub fn new(m: &SignedManifest, shapes: Arc<Vec<Vec<usize>>>) -> Self {
+        let t = &m.manifest.training;
+        Recipe {
+            swarm_id: m.swarm_id(),
+            allowlist: m.manifest.allowlist().map(<[_]>::to_vec),
+            bootstraps: m.manifest.bootstraps.clone(),
+            attest_quorum: m.manifest.attest_quorum,
+            num_params: shapes.iter().map(|s| s.iter().product::<usize>()).sum(),
+            shapes,
+            codec: t.codec,
+            max_tokens: t.inner_steps as u64
+                * t.batch_size as u64
+                * m.manifest.model.seq_len as u64,
+            aggregator: m.manifest.aggregator,
+            outer_lr: t.outer_lr,
+            outer_momentum: t.outer_momentum,
+        }
+    }
+
+    /// What a contribution to the round that starts from `base` (whose hash is `base_hash`)
+    /// must match.
+    pub fn context(&self, round: u64, base_hash: Hash32) -> RoundContext<'_> {
+        RoundContext {
+            swarm_id: self.swarm_id,
+            round,
+            base_hash,
+            allowlist: self.allowlist.as_deref(),
+            num_params: self.num_params,
+            shapes: &self.shapes,
+            codec: self.codec,
+            max_tokens: self.max_tokens,
+        }
+    }
+
+    /// The round from `base` with the contributions `set`: θ(r+1) with its momentum, the set that
+    /// formed it and the noise ratio, and the step taken. The one function both a round's own
+    /// outer step and a replay run, so the two agree bit for bit. `None` when `set` is empty.
+    pub fn apply(
+        &self,
+        base: &StateSnapshot,
+        set: &BTreeMap<[u8; 32], Accepted>,
+    ) -> Option<(StateSnapshot, RoundStep)> {
+        let step = round_step(set, base.noise, self.aggregator)?;
+        let mut params = base.params.clone();
+        let mut outer = OuterOptimizer {
+            lr: self.outer_lr,
+            momentum: self.outer_momentum,
+            buf: base.momentum.clone(),
+        };
+        outer.step(&mut params, &step.delta);
+        let state = StateSnapshot {
+            round: base.round + 1,
+            params,
+            momentum: outer.buf,
+            formed_by: set.keys().copied().collect(),
+            noise: step.noise,
+        };
+        Some((state, step))
+    }
+
+    /// Whether the swarm's rules vouch for `claim` without a replay: a bootstrap named in the
+    /// manifest signed it, or (private swarm) at least the quorum of members did.
+    pub fn attested(&self, claim: &Claim) -> bool {
+        if claim.signers.iter().any(|s| self.bootstraps.contains(s)) {
+            return true;
+        }
+        match &self.allowlist {
+            Some(members) => {
+                let n = claim
+                    .signers
+                    .iter()
+                    .filter(|s| members.contains(s))
+                    .collect::<HashSet<_>>()
+                    .len();
+                n >= self.attest_quorum.max(1) as usize
+            }
+            // In an open swarm anyone can make keys: only bootstraps attest.
+            None => false,
+        }
+    }
+}
+
+/// A state some peers say they hold: its round, hash and the contributions that formed it, who
+/// holds it and who signed that.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub round: u64,
+    pub hash: Hash32,
+    /// Sorted, without repeats.
+    pub formed_by: Vec<[u8; 32]>,
+    pub holders: Vec<PeerId>,
+    pub signers: Vec<[u8; 32]>,
+}
+
+/// Groups verified statuses into claims (one per round, hash and contributor set). A status
+/// that lists a contributor twice claims nothing.
+pub fn group_claims<'a>(statuses: impl IntoIterator<Item = (PeerId, &'a Status)>) -> Vec<Claim> {
+    let mut out: Vec<Claim> = vec![];
+    for (peer, s) in statuses {
+        let mut formed = s.formed_by.clone();
+        formed.sort_unstable();
+        formed.dedup();
+        if formed.len() != s.formed_by.len() {
+            continue;
+        }
+        let Some(signer) = public_key_of(&peer) else {
+            continue;
+        };
+        match out
+            .iter_mut()
+            .find(|c| c.round == s.round && c.hash == s.state_hash && c.formed_by == formed)
+        {
+            Some(c) => {
+                c.holders.push(peer);
+                c.signers.push(signer);
+            }
+            None => out.push(Claim {
+                round: s.round,
+                hash: s.state_hash,
+                formed_by: formed,
+                holders: vec![peer],
+                signers: vec![signer],
+            }),
+        }
+    }
+    out
+}
+
+/// Which of two states of the same round the swarm continues from: the one formed by more
+/// contributions (more of the swarm's work counted), then the smaller hash. `Less` means `a` is
+/// preferred.
+pub fn preferred(a: (usize, Hash32), b: (usize, Hash32)) -> Ordering {
+    b.0.cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+/// One way to a better state, in the order to try them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Candidate {
+    /// A state of our own round formed differently, preferred over ours: replay it from the
+    /// state before ours (or, failing that, adopt it if it is attested).
+    Fork(Claim),
+    /// A state one round ahead: replay it from ours.
+    Ahead(Claim),
+    /// A state further ahead (or one we could not replay), vouched for by attestation:
+    /// download it and check its hash.
+    Attested(Claim),
+}
+
+impl Candidate {
+    pub fn claim(&self) -> &Claim {
+        match self {
+            Candidate::Fork(c) | Candidate::Ahead(c) | Candidate::Attested(c) => c,
+        }
+    }
+}
+
+/// What we hold: the round, hash and number of contributions that formed it.
+#[derive(Clone, Copy, Debug)]
+pub struct Held {
+    pub round: u64,
+    pub hash: Hash32,
+    pub formed: usize,
+}
+
+/// The candidates worth trying, best first: forks of our round that the rules prefer over our
+/// state, then states one round ahead (most contributions first), then attested states further
+/// ahead (highest round first). Claims in `rejected` (hashes that failed to verify) are skipped.
+pub fn candidates(
+    recipe: &Recipe,
+    held: Held,
+    claims: &[Claim],
+    rejected: &HashSet<Hash32>,
+) -> Vec<Candidate> {
+    let key = |c: &Claim| (c.formed_by.len(), c.hash);
+    let fresh = |c: &&Claim| !rejected.contains(&c.hash) && c.hash != held.hash;
+    let mut forks: Vec<&Claim> = claims
+        .iter()
+        .filter(fresh)
+        .filter(|c| c.round == held.round)
+        .filter(|c| preferred(key(c), (held.formed, held.hash)) == Ordering::Less)
+        .collect();
+    forks.sort_by(|a, b| preferred(key(a), key(b)));
+    let mut ahead: Vec<&Claim> = claims
+        .iter()
+        .filter(fresh)
+        .filter(|c| c.round == held.round + 1)
+        .collect();
+    ahead.sort_by(|a, b| preferred(key(a), key(b)));
+    let mut far: Vec<&Claim> = claims
+        .iter()
+        .filter(fresh)
+        .filter(|c| c.round > held.round && recipe.attested(c))
+        .collect();
+    far.sort_by(|a, b| b.round.cmp(&a.round).then(preferred(key(a), key(b))));
+    let mut out: Vec<Candidate> = forks
+        .iter()
+        .map(|c| Candidate::Fork((*c).clone()))
+        .collect();
+    out.extend(
+        forks
+            .iter()
+            .filter(|c| recipe.attested(c))
+            .map(|c| Candidate::Attested((*c).clone())),
+    );
+    out.extend(ahead.iter().map(|c| Candidate::Ahead((*c).clone())));
+    out.extend(far.iter().map(|c| Candidate::Attested((*c).clone())));
+    out.truncate(MAX_CANDIDATES * 2);
+    out
+}
+
+/// Why a claimed state could not be verified.
+#[derive(Debug, Error)]
+pub enum ReplayError {
+    #[error("no holder served {0}'s contribution")]
+    Unavailable(String),
+    #[error("contribution of {sender}: {reason}")]
+    Refused { sender: String, reason: String },
+    #[error("the claim names {0} contributors, more than the swarm can have")]
+    TooMany(usize),
+    #[error("the claim names no contributions")]
+    Empty,
+    #[error("replaying the round gives state {got}, not the claimed {claimed}")]
+    Mismatch { got: String, claimed: String },
+    #[error("replay task failed: {0}")]
+    Task(String),
+}
+
+/// A verified state and what verifying it took.
+pub struct Replayed {
+    pub state: StateSnapshot,
+    pub hash: Hash32,
+    /// The contributions that formed it, to serve to others who replay it from us.
+    pub envelopes: Vec<Arc<SignedEnvelope>>,
+    pub step: RoundStep,
+    /// Bytes of the contributions fetched (not counting those we held).
+    pub fetched_bytes: u64,
+    /// Milliseconds spent on verifying and replaying (not fetching).
+    pub replay_ms: f64,
+}
+
+/// Replays `claim` from `base` (hash `base_hash`): fetches every contribution it names (from
+/// `known` when we hold it, else from the claim's holders), verifies each, applies the round
+/// and checks the result against the claimed hash.
+///
+/// # Errors
+/// When a contribution cannot be had or is refused, or the result differs from the claim.
+pub async fn replay(
+    net: &NetHandle,
+    recipe: Arc<Recipe>,
+    base: Arc<StateSnapshot>,
+    base_hash: Hash32,
+    claim: &Claim,
+    known: &HashMap<[u8; 32], Arc<SignedEnvelope>>,
+) -> Result<Replayed, ReplayError> {
+    let limit = recipe
+        .allowlist
+        .as_ref()
+        .map_or(nightshift_protocol::message::MAX_LISTED, Vec::len);
+    if claim.formed_by.len() > limit {
+        return Err(ReplayError::TooMany(claim.formed_by.len()));
+    }
+    if claim.formed_by.is_empty() {
+        return Err(ReplayError::Empty);
+    }
+    let round = base.round;
+    let fetches = claim.formed_by.iter().map(|sender| {
+        let held = known.get(sender).cloned();
+        let holders = claim.holders.clone();
+        let net = net.clone();
+        let sender = *sender;
+        async move {
+            if let Some(env) = held {
+                return Ok((env, 0u64));
+            }
+            for peer in holders {
+                let r = tokio::time::timeout(
+                    Duration::from_secs(FETCH_TIMEOUT_SECS),
+                    net.request(peer, Request::GetContribution { round, sender }),
+                )
+                .await;
+                if let Ok(Ok(Response::Contribution(Some(env)))) = r
+                    && env.header.sender == sender
+                    && env.header.round == round
+                {
+                    let bytes = env.payload.len() as u64;
+                    return Ok((Arc::new(env), bytes));
+                }
+            }
+            Err(ReplayError::Unavailable(hex::encode(&sender[..6])))
+        }
+    });
+    let fetched: Vec<(Arc<SignedEnvelope>, u64)> = futures::future::join_all(fetches)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let claimed = claim.hash;
+    tokio::task::spawn_blocking(move || {
+        let t0 = std::time::Instant::now();
+        let ctx = recipe.context(round, base_hash);
+        let mut set = BTreeMap::new();
+        let mut envelopes = vec![];
+        let mut fetched_bytes = 0;
+        for (env, bytes) in fetched {
+            let a = accept(&ctx, &env).map_err(|e| ReplayError::Refused {
+                sender: hex::encode(&env.header.sender[..6]),
+                reason: e.to_string(),
+            })?;
+            set.insert(a.sender, a);
+            envelopes.push(env);
+            fetched_bytes += bytes;
+        }
+        let (state, step) = recipe.apply(&base, &set).ok_or(ReplayError::Empty)?;
+        let hash = state.hash();
+        if hash != claimed {
+            return Err(ReplayError::Mismatch {
+                got: hash.short(),
+                claimed: claimed.short(),
+            });
+        }
+        Ok(Replayed {
+            state,
+            hash,
+            envelopes,
+            step,
+            fetched_bytes,
+            replay_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
+    })
+    .await
+    .map_err(|e| ReplayError::Task(e.to_string()))?
+}
+
+/// A verified state, ready to adopt.
+pub struct Verified {
+    pub state: StateSnapshot,
+    /// The peer it came from (the first holder, for a replay).
+    pub from: PeerId,
+    /// "replay" or "attested".
+    pub verified: &'static str,
+    /// Bytes fetched to verify it.
+    pub bytes: u64,
+    /// The state it was replayed from (none for an attested one): the base a later fork of its
+    /// round is replayed from.
+    pub prev: Option<(Arc<StateSnapshot>, Hash32)>,
+    /// The contributions that formed it, to serve on to others who replay it.
+    pub envelopes: Vec<Arc<SignedEnvelope>>,
+    /// Milliseconds the replay's verifying and arithmetic took (not the fetching).
+    pub replay_ms: Option<f64>,
+}
+
+/// Tries `list` in order and returns the first state that verifies: a fork replayed from
+/// `prev`, a state one round ahead replayed from `current`, an attested state downloaded (into
+/// `store`) and checked against its hash. `known` holds contributions we already have, by round
+/// and sender. A claim that fails is noted in `rejected`, with the time.
+///
+/// # Errors
+/// Never: failures are logged and noted; `None` when nothing verified.
+#[allow(clippy::too_many_arguments)]
+pub async fn first_verified(
+    net: &NetHandle,
+    store: &crate::store::Store,
+    recipe: &Arc<Recipe>,
+    current: (&StateSnapshot, Hash32),
+    prev: Option<&(Arc<StateSnapshot>, Hash32)>,
+    list: Vec<Candidate>,
+    known: &HashMap<(u64, [u8; 32]), Arc<SignedEnvelope>>,
+    rejected: &mut HashMap<Hash32, std::time::Instant>,
+) -> Option<Verified> {
+    for cand in list {
+        let claim = cand.claim().clone();
+        let base = match &cand {
+            Candidate::Fork(_) => match prev {
+                Some((b, h)) if b.round + 1 == claim.round => Some((b.clone(), *h)),
+                _ => continue,
+            },
+            Candidate::Ahead(_) => Some((Arc::new(current.0.clone()), current.1)),
+            Candidate::Attested(_) => None,
+        };
+        let outcome = match base {
+            Some((base, base_hash)) => {
+                let held: HashMap<[u8; 32], Arc<SignedEnvelope>> = known
+                    .iter()
+                    .filter(|((r, _), _)| *r == base.round)
+                    .map(|((_, k), e)| (*k, e.clone()))
+                    .collect();
+                replay(net, recipe.clone(), base.clone(), base_hash, &claim, &held)
+                    .await
+                    .map(|r| Verified {
+                        state: r.state,
+                        from: claim.holders[0],
+                        verified: "replay",
+                        bytes: r.fetched_bytes,
+                        prev: Some((base, base_hash)),
+                        envelopes: r.envelopes,
+                        replay_ms: Some(r.replay_ms),
+                    })
+                    .map_err(anyhow::Error::from)
+            }
+            None => super::sync::fetch_state(
+                net,
+                store,
+                recipe.num_params,
+                &claim.holders,
+                claim.round,
+                claim.hash,
+            )
+            .await
+            .map(|(state, from, bytes)| Verified {
+                state,
+                from,
+                verified: "attested",
+                bytes,
+                prev: None,
+                envelopes: vec![],
+                replay_ms: None,
+            }),
+        };
+        match outcome {
+            Ok(v) => return Some(v),
+            Err(e) => {
+                tracing::warn!(round = claim.round, hash = %claim.hash.short(), error = %e, "a claimed state did not verify; not adopting it");
+                rejected.insert(claim.hash, std::time::Instant::now());
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nightshift_protocol::NodeRole;
+    use nightshift_protocol::message::Phase;
+
+    fn recipe(members: Option<Vec<[u8; 32]>>, quorum: u32) -> Recipe {
+        Recipe {
+            swarm_id: Hash32::default(),
+            allowlist: members,
+            bootstraps: vec![[0xB0; 32]],
+            attest_quorum: quorum,
+            num_params: 4,
+            shapes: Arc::new(vec![vec![4]]),
+            codec: DeltaCodec::Fp32,
+            max_tokens: 100,
+            aggregator: Aggregator::Mean,
+            outer_lr: 0.7,
+            outer_momentum: 0.7,
+        }
+    }
+
+    fn claim(round: u64, tag: &[u8], formed: usize, signers: &[[u8; 32]]) -> Claim {
+        Claim {
+            round,
+            hash: Hash32::of(&[tag]),
+            formed_by: (0..formed as u8).map(|i| [i; 32]).collect(),
+            holders: signers.iter().map(|_| PeerId::random()).collect(),
+            signers: signers.to_vec(),
+        }
+    }
+
+    fn held(round: u64, formed: usize) -> Held {
+        Held {
+            round,
+            hash: Hash32::of(&[b"ours"]),
+            formed,
+        }
+    }
+
+    #[test]
+    fn a_state_formed_by_more_contributions_is_preferred_then_the_smaller_hash() {
+        let (a, b) = (Hash32::of(&[b"a"]), Hash32::of(&[b"b"]));
+        assert_eq!(preferred((3, a), (2, b)), Ordering::Less);
+        assert_eq!(preferred((2, a), (3, b)), Ordering::Greater);
+        assert_eq!(preferred((2, a), (2, b)), a.cmp(&b));
+    }
+
+    #[test]
+    fn an_outsiders_or_lone_members_far_future_claim_is_not_attested() {
+        let members = vec![[1; 32], [2; 32], [3; 32], [4; 32]];
+        let r = recipe(Some(members), 2);
+        let lone = claim(50, b"x", 1, &[[1; 32]]);
+        let outsider = claim(50, b"x", 1, &[[9; 32], [8; 32], [7; 32]]);
+        let two = claim(50, b"x", 3, &[[1; 32], [2; 32]]);
+        let twice = claim(50, b"x", 3, &[[1; 32], [1; 32]]);
+        let boot = claim(50, b"x", 3, &[[0xB0; 32]]);
+        assert!(!r.attested(&lone));
+        assert!(!r.attested(&outsider));
+        assert!(r.attested(&two));
+        assert!(!r.attested(&twice), "one member counted once");
+        assert!(r.attested(&boot));
+        // An open swarm: any number of member signatures attest nothing; a bootstrap does.
+        let open = recipe(None, 0);
+        assert!(!open.attested(&outsider));
+        assert!(open.attested(&boot));
+        // Far ahead, only attested claims are candidates.
+        let c = candidates(
+            &r,
+            held(3, 3),
+            &[lone.clone(), two.clone()],
+            &HashSet::new(),
+        );
+        assert_eq!(c, vec![Candidate::Attested(two)]);
+    }
+
+    #[test]
+    fn candidates_put_forks_first_then_one_round_ahead_then_attested_far() {
+        let r = recipe(Some(vec![[1; 32], [2; 32], [3; 32]]), 1);
+        let ours = held(5, 2);
+        let smaller_fork = claim(5, b"f1", 1, &[[1; 32]]);
+        let bigger_fork = claim(5, b"f2", 3, &[[2; 32]]);
+        let next_small = claim(6, b"n1", 1, &[[9; 32]]);
+        let next_big = claim(6, b"n2", 3, &[[9; 32]]);
+        let far = claim(9, b"far", 3, &[[3; 32]]);
+        let all = [
+            smaller_fork.clone(),
+            next_small.clone(),
+            far.clone(),
+            bigger_fork.clone(),
+            next_big.clone(),
+        ];
+        let c = candidates(&r, ours, &all, &HashSet::new());
+        assert_eq!(
+            c,
+            vec![
+                Candidate::Fork(bigger_fork.clone()),
+                Candidate::Attested(bigger_fork),
+                Candidate::Ahead(next_big.clone()),
+                Candidate::Ahead(next_small),
+                Candidate::Attested(far),
+            ]
+        );
+        // A claim that failed to verify is not tried again.
+        let rejected: HashSet<Hash32> = [next_big.hash].into();
+        assert!(
+            !candidates(&r, ours, &all, &rejected).contains(&Candidate::Ahead(next_big)),
+            "rejected claims are skipped"
+        );
+    }
+
+    #[test]
+    fn statuses_group_into_claims_and_a_repeated_contributor_claims_nothing() {
+        let keys: Vec<ed25519_dalek::SigningKey> = (1..=3u8)
+            .map(|i| ed25519_dalek::SigningKey::from_bytes(&[i; 32]))
+            .collect();
+        let peers: Vec<PeerId> = keys
+            .iter()
+            .map(|k| crate::net::libp2p_keypair(k).public().to_peer_id())
+            .collect();
+        let st = |formed: Vec<[u8; 32]>| Status {
+            role: NodeRole::Trainer,
+            phase: Phase::Ready,
+            round: 4,
+            state_hash: Hash32::of(&[b"h"]),
+            formed_by: formed,
+            holding: vec![],
+            unix_ms: 0,
+        };
+        let a = st(vec![[2; 32], [1; 32]]);
+        let b = st(vec![[1; 32], [2; 32]]);
+        let dup = st(vec![[1; 32], [1; 32]]);
+        let claims = group_claims([(peers[0], &a), (peers[1], &b), (peers[2], &dup)]);
+        assert_eq!(claims.len(), 1);
+        assert_eq!(claims[0].holders, vec![peers[0], peers[1]]);
+        assert_eq!(claims[0].formed_by, vec![[1; 32], [2; 32]]);
+    }
+}
