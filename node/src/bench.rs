@@ -27,6 +27,7 @@ use crate::plot::{Series, line_chart};
 use crate::round::accept::{
     Accepted, Late, aggregate, encode_delta, merge_late, missed_correction, round_step,
 };
+use nightshift_bootstrap::SwarmSettings;
 
 /// `nightshift bench ...`
 #[derive(Subcommand, Debug)]
@@ -35,6 +36,9 @@ pub enum BenchCommand {
     Convergence(ConvergenceArgs),
     /// Idle windows: a churning pool against stable swarms (time to target, yields, joins).
     Churn(crate::churn::ChurnArgs),
+    /// Robust aggregation under attack: K workers of which some are malicious, every attack with
+    /// the plain mean and the robust aggregator, against the honest workers alone.
+    Byzantine(crate::byzantine::ByzantineArgs),
     /// Reads the `--json` files of earlier `bench convergence` runs (a grid split over several
     /// processes, say) and prints them as one table with the comparisons, optionally plotting
     /// every curve on one chart.
@@ -319,16 +323,16 @@ impl RunResult {
 
 /// What every run shares: data, architecture, recipe, genesis.
 pub struct Setup {
-    corpus: Corpus,
-    cfg: GptConfig,
-    inner: InnerConfig,
-    outer_lr: f32,
-    outer_momentum: f32,
-    genesis: Vec<f32>,
+    pub(crate) corpus: Corpus,
+    pub(crate) cfg: GptConfig,
+    pub(crate) inner: InnerConfig,
+    pub(crate) outer_lr: f32,
+    pub(crate) outer_momentum: f32,
+    pub(crate) genesis: Vec<f32>,
     /// Shape of every parameter tensor, in flat order.
-    shapes: Vec<Vec<usize>>,
-    val: Vec<(Vec<i32>, Vec<i32>)>,
-    seed: u64,
+    pub(crate) shapes: Vec<Vec<usize>>,
+    pub(crate) val: Vec<(Vec<i32>, Vec<i32>)>,
+    pub(crate) seed: u64,
     /// Carry a dropped contribution into the worker's next delta (see `--carry-dropped`).
     pub carry_dropped: bool,
     /// Resend a dropped contribution with the next one (see `--resend-dropped`).
@@ -415,7 +419,14 @@ impl Setup {
     /// # Errors
     /// On an unknown preset or an unusable corpus.
     pub fn new(recipe: &SwarmFlags, val_batches: usize) -> anyhow::Result<Self> {
-        let s = recipe.settings("bench", vec![]);
+        Self::from_settings(&recipe.settings("bench", vec![]), val_batches)
+    }
+
+    /// Builds the shared setup from a swarm's settings.
+    ///
+    /// # Errors
+    /// On an unknown preset or an unusable corpus.
+    pub fn from_settings(s: &SwarmSettings, val_batches: usize) -> anyhow::Result<Self> {
         let text = match &s.data {
             Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?,
             None => nightshift_model::data::EMBEDDED_CORPUS.to_vec(),
@@ -467,7 +478,11 @@ impl Setup {
     }
 
     /// A trainer for a run of `steps` steps per worker (the length a cosine schedule spans).
-    fn trainer(&self, batch_mult: usize, steps: u32) -> anyhow::Result<InnerTrainer<CpuTrain>> {
+    pub(crate) fn trainer(
+        &self,
+        batch_mult: usize,
+        steps: u32,
+    ) -> anyhow::Result<InnerTrainer<CpuTrain>> {
         let inner = InnerConfig {
             batch_size: self.inner.batch_size * batch_mult,
             decay_steps: if self.cosine { steps as u64 } else { 0 },
@@ -481,7 +496,7 @@ impl Setup {
         )?)
     }
 
-    fn val_loss(&self, t: &mut InnerTrainer<CpuTrain>) -> f32 {
+    pub(crate) fn val_loss(&self, t: &mut InnerTrainer<CpuTrain>) -> f32 {
         eval::val_loss(&t.eval_model(), &self.val)
     }
 

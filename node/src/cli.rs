@@ -551,6 +551,10 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             tokio::task::spawn_blocking(move || crate::bench::run_convergence(a)).await??;
             Ok(())
         }
+        Command::Bench(crate::bench::BenchCommand::Byzantine(a)) => {
+            tokio::task::spawn_blocking(move || crate::byzantine::run_byzantine(a)).await??;
+            Ok(())
+        }
         Command::Bench(crate::bench::BenchCommand::Report(a)) => {
             crate::bench::run_report(a)?;
             Ok(())

@@ -14,11 +14,13 @@
 //! - [`plot`] — small SVG line charts.
 //! - [`demo`] — `nightshift demo`: a local swarm of processes, its table, report and plot.
 //! - [`bench`] — `nightshift bench convergence`: DiLoCo against baselines, in one process.
+//! - [`byzantine`] — `nightshift bench byzantine`: robust aggregation under attack, in one process.
 //! - [`churn`] — `nightshift bench churn`: churning windows against stable swarms, as processes.
 //! - [`cli`] — the command-line interface.
 
 pub mod bench;
 pub mod bootstrap_node;
+pub mod byzantine;
 pub mod churn;
 pub mod cli;
 pub mod control;
