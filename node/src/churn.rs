@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::process::Child;
@@ -112,8 +112,13 @@ pub struct ChurnRun {
     pub total_tokens: u64,
     /// Rounds a restarted node had completed but did not resume from (must be 0).
     pub rounds_lost: u64,
-    /// Rounds at which two nodes held different states (must be 0).
+    /// Rounds at which two nodes held different states, at any time: a divergence repaired
+    /// later counts (must be 0).
     pub rounds_disagreeing: usize,
+    /// Distinct states held for a round beyond one, over every round (see
+    /// [`crate::events::forks_per_round`]; must be 0).
+    #[serde(default)]
+    pub forks: usize,
     /// Late joiner: from its start to its state download done, and to its first contribution.
     pub join_sync_secs: Option<f64>,
     pub join_contribute_secs: Option<f64>,
@@ -163,12 +168,11 @@ fn summarize(
     lost: u64,
 ) -> ChurnRun {
     let secs = |at: u64| at.saturating_sub(t0_ms) as f64 / 1e3;
-    // Per round: first time seen, loss, tokens, contributors; and every node's hash.
+    // Per round: first time seen, loss, tokens, contributors.
     let mut first: BTreeMap<u64, (u64, Option<f32>, u64, usize)> = BTreeMap::new();
-    let mut hashes: BTreeMap<u64, HashMap<usize, String>> = BTreeMap::new();
     let mut yields = vec![];
     let mut partial = 0;
-    for (i, ev) in events.iter().enumerate() {
+    for ev in events {
         for (at, e) in ev {
             match e {
                 NodeEvent::RoundCompleted(r) => {
@@ -183,18 +187,6 @@ fn summarize(
                     if entry.1.is_none() {
                         entry.1 = loss;
                     }
-                    hashes
-                        .entry(r.round)
-                        .or_default()
-                        .insert(i, r.state_hash.clone());
-                }
-                NodeEvent::Synced {
-                    round, state_hash, ..
-                } => {
-                    hashes
-                        .entry(*round)
-                        .or_default()
-                        .insert(i, state_hash.clone());
                 }
                 NodeEvent::Yielded {
                     latency_ms, steps, ..
@@ -228,14 +220,13 @@ fn summarize(
             .find(|p| p.val_loss.is_some_and(|l| l <= t))
             .map(|p| (p.secs, p.tokens))
     });
-    let disagreeing = hashes
-        .values()
-        .filter(|m| {
-            let mut v: Vec<&String> = m.values().collect();
-            v.dedup();
-            v.windows(2).any(|w| w[0] != w[1])
-        })
-        .count();
+    let plain: Vec<Vec<NodeEvent>> = events
+        .iter()
+        .map(|ev| ev.iter().map(|(_, e)| e.clone()).collect())
+        .collect();
+    let forks = crate::events::forks_per_round(plain.iter().map(Vec::as_slice));
+    let disagreeing = forks.values().filter(|n| **n > 0).count();
+    let forks: usize = forks.values().sum();
     // First contribution of node `i` after `since` (unix ms).
     let contributed_after = |i: usize, since: u64| -> Option<u64> {
         events
@@ -290,6 +281,7 @@ fn summarize(
         total_tokens: cum,
         rounds_lost: lost,
         rounds_disagreeing: disagreeing,
+        forks,
         join_sync_secs,
         join_contribute_secs,
         yields: yields.len(),
@@ -599,7 +591,7 @@ pub async fn run_churn(args: ChurnArgs) -> anyhow::Result<Vec<ChurnRun>> {
             fmt_opt(r.time_to_target_secs, " s"),
             r.tokens_to_target.map_or("-".into(), |t| t.to_string()),
             r.rounds_lost,
-            r.rounds_disagreeing,
+            r.forks,
             r.yields,
             fmt_opt(r.yield_p50_ms, " ms"),
             fmt_opt(r.yield_p99_ms, " ms"),

@@ -61,6 +61,9 @@ pub struct ReportRound {
     pub val_loss: f32,
     pub contributors: usize,
     pub state_hash_agreed: bool,
+    /// Distinct states the nodes held for this round, less one: a divergence that a node
+    /// repaired later (by adopting another node's state) counts. 0 in a healthy swarm.
+    pub forks: usize,
     /// Mean request-response bytes sent per node in this round.
     pub bytes_sent: u64,
     pub bytes_sent_per_node: Vec<u64>,
@@ -82,6 +85,8 @@ pub struct Report {
     pub final_val_loss: f32,
     pub dense_delta_bytes: u64,
     pub wire_delta_bytes: u64,
+    /// Forks over every round (see [`ReportRound::forks`]).
+    pub forks: usize,
     pub compression_ratio: f64,
     pub codec: String,
     pub inner_steps: u32,
@@ -215,6 +220,7 @@ pub fn build_report(
                 .or_insert_with(|| vec![None; events.len()])[i] = Some(hash);
         }
     }
+    let forks = crate::events::forks_per_round(events.iter().map(Vec::as_slice));
     let mut rounds = vec![];
     for (round, recs) in &records {
         let hs: Vec<&String> = hashes
@@ -230,6 +236,7 @@ pub fn build_report(
             val_loss: recs[0].val_loss,
             contributors: recs.iter().map(|r| r.contributors).max().unwrap_or(0),
             state_hash_agreed: agreed,
+            forks: forks.get(round).copied().unwrap_or(0),
             bytes_sent: per_node.iter().sum::<u64>() / per_node.len().max(1) as u64,
             bytes_sent_per_node: per_node,
             tokens_per_sec: recs.iter().map(|r| r.tokens_per_sec).sum(),
@@ -254,6 +261,7 @@ pub fn build_report(
         rounds,
         dense_delta_bytes: dense,
         wire_delta_bytes: wire,
+        forks: forks.values().sum(),
         compression_ratio: if wire > 0 {
             dense as f64 / wire as f64
         } else {
@@ -392,8 +400,8 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     say(
         &pb,
         format!(
-            "{:>5}  {:>8}  {:>6}  {:>9}  {:>11}  {:>7}  {:>6}",
-            "round", "val loss", "nodes", "tokens/s", "sent/node", "ratio", "agreed"
+            "{:>5}  {:>8}  {:>6}  {:>9}  {:>11}  {:>7}  {:>6}  {:>5}",
+            "round", "val loss", "nodes", "tokens/s", "sent/node", "ratio", "agreed", "forks"
         ),
     );
     let mut shown = 0u64;
@@ -434,14 +442,15 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
                 say(
                     &pb,
                     format!(
-                        "{:>5}  {:>8.4}  {:>6}  {:>9.0}  {:>11}  {:>6.1}x  {:>6}",
+                        "{:>5}  {:>8.4}  {:>6}  {:>9.0}  {:>11}  {:>6.1}x  {:>6}  {:>5}",
                         row.round,
                         row.val_loss,
                         row.contributors,
                         row.tokens_per_sec,
                         human_bytes(row.bytes_sent),
                         ratio,
-                        if row.state_hash_agreed { "yes" } else { "NO" }
+                        if row.state_hash_agreed { "yes" } else { "NO" },
+                        row.forks
                     ),
                 );
                 shown = row.round;
@@ -519,8 +528,9 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
         report.rounds.len()
     );
     println!(
-        "  state hashes      agreed on {agreed} of {} rounds",
-        report.rounds.len()
+        "  state hashes      agreed on {agreed} of {} rounds, {} forks (divergences repaired)",
+        report.rounds.len(),
+        report.forks
     );
     println!(
         "  delta per node    {} on the wire vs {} as fp32 ({:.1}x smaller, codec {})",

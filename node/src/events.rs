@@ -176,6 +176,40 @@ pub fn read_events(path: &Path) -> Vec<NodeEvent> {
         .unwrap_or_default()
 }
 
+/// Forks per round: how many more distinct states than one any node held for that round, as the
+/// nodes' events tell (every completion and every sync, not just the last of each). A
+/// divergence that a node later repaired by adopting another state counts; 0 everywhere means
+/// every node only ever held the one state of each round.
+pub fn forks_per_round<'a>(
+    nodes: impl IntoIterator<Item = &'a [NodeEvent]>,
+) -> std::collections::BTreeMap<u64, usize> {
+    let mut held: std::collections::BTreeMap<u64, std::collections::BTreeSet<&str>> =
+        Default::default();
+    for events in nodes {
+        for e in events {
+            let (round, hash) = match e {
+                NodeEvent::RoundCompleted(r) => (r.round, r.state_hash.as_str()),
+                NodeEvent::Synced {
+                    round,
+                    state_hash,
+                    replaced,
+                    ..
+                } => {
+                    if let Some(old) = replaced {
+                        held.entry(*round).or_default().insert(old.as_str());
+                    }
+                    (*round, state_hash.as_str())
+                }
+                _ => continue,
+            };
+            held.entry(round).or_default().insert(hash);
+        }
+    }
+    held.into_iter()
+        .map(|(round, hashes)| (round, hashes.len().saturating_sub(1)))
+        .collect()
+}
+
 fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -198,4 +232,69 @@ pub fn read_timed_events(path: &Path) -> Vec<(u64, NodeEvent)> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completed(round: u64, hash: &str) -> NodeEvent {
+        NodeEvent::RoundCompleted(RoundRecord {
+            round,
+            state_hash: hash.into(),
+            val_loss: 1.0,
+            train_loss: 1.0,
+            contributors: 2,
+            planned: 2,
+            step_scale: 1.0,
+            noise_ratio: None,
+            weights: vec![],
+            tokens: 1,
+            tokens_per_sec: 1.0,
+            inner_steps: 1,
+            bytes_sent: 0,
+            bytes_received: 0,
+            dense_delta_bytes: 0,
+            wire_delta_bytes: 0,
+            codec: "fp32".into(),
+            train_secs: 0.0,
+            encode_secs: 0.0,
+            transfer_secs: 0.0,
+            wait_secs: 0.0,
+            round_secs: 0.0,
+        })
+    }
+
+    fn synced(round: u64, hash: &str, replaced: Option<&str>) -> NodeEvent {
+        NodeEvent::Synced {
+            round,
+            state_hash: hash.into(),
+            from: "peer".into(),
+            reason: "diverged from the swarm".into(),
+            secs: 0.0,
+            bytes: 0,
+            verified: "replay".into(),
+            replaced: replaced.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn a_repaired_divergence_counts_as_a_fork() {
+        // Node a completed round 2 on a state it later replaced by b's: one fork at round 2,
+        // though both nodes end on the same state.
+        let a = vec![
+            completed(1, "x"),
+            completed(2, "y1"),
+            synced(2, "y2", Some("y1")),
+        ];
+        let b = vec![completed(1, "x"), completed(2, "y2"), completed(3, "z")];
+        let f = forks_per_round([a.as_slice(), b.as_slice()]);
+        assert_eq!(f.get(&1), Some(&0));
+        assert_eq!(f.get(&2), Some(&1));
+        assert_eq!(f.get(&3), Some(&0));
+        // A catch-up sync to the swarm's state is no fork.
+        let c = vec![synced(3, "z", None)];
+        let f = forks_per_round([b.as_slice(), c.as_slice()]);
+        assert!(f.values().all(|n| *n == 0), "{f:?}");
+    }
 }

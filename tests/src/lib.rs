@@ -261,6 +261,14 @@ impl TestSwarm {
             .unwrap_or(0)
     }
 
+    /// Forks per round among nodes `0..n`: distinct states any of them ever held for the round,
+    /// less one — a divergence that `align` repaired counts
+    /// ([`nightshift_node::events::forks_per_round`]).
+    pub fn forks(&self, n: usize) -> std::collections::BTreeMap<u64, usize> {
+        let all: Vec<Vec<NodeEvent>> = (0..n).map(|i| self.events(i)).collect();
+        nightshift_node::events::forks_per_round(all.iter().map(Vec::as_slice))
+    }
+
     /// Node `i`'s final state hash per round (the last completion or sync of that round).
     pub fn hashes(&self, i: usize) -> std::collections::BTreeMap<u64, String> {
         let mut m = std::collections::BTreeMap::new();

@@ -265,6 +265,8 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
             "disagreement at round {round}"
         );
     }
+    let forks = swarm.forks(2);
+    assert!(forks.values().all(|n| *n == 0), "forks: {forks:?}");
     for e in swarm.events(0) {
         if let NodeEvent::RoundCompleted(rec) = e {
             assert!(

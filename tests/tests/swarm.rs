@@ -42,6 +42,9 @@ fn three_nodes_find_each_other_and_train_five_rounds_in_agreement() {
             );
         }
     }
+    // No node ever held another state of any round, not even one it repaired later.
+    let forks = swarm.forks(3);
+    assert!(forks.values().all(|n| *n == 0), "forks: {forks:?}");
     // Every node heard from the two others (so they found each other through Kademlia).
     let full_rounds = swarm
         .events(0)
