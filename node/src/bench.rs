@@ -39,6 +39,9 @@ pub enum BenchCommand {
     /// Robust aggregation under attack: K workers of which some are malicious, every attack with
     /// the plain mean and the robust aggregator, against the honest workers alone.
     Byzantine(crate::byzantine::ByzantineArgs),
+    /// What verifying a state by replay costs (verify, decode, aggregate, outer step, hash)
+    /// at each model preset, and the size of a signed status.
+    Replay(crate::replay_bench::ReplayArgs),
     /// Reads the `--json` files of earlier `bench convergence` runs (a grid split over several
     /// processes, say) and prints them as one table with the comparisons, optionally plotting
     /// every curve on one chart.

@@ -555,6 +555,10 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             tokio::task::spawn_blocking(move || crate::byzantine::run_byzantine(a)).await??;
             Ok(())
         }
+        Command::Bench(crate::bench::BenchCommand::Replay(a)) => {
+            tokio::task::spawn_blocking(move || crate::replay_bench::run_replay(a)).await??;
+            Ok(())
+        }
         Command::Bench(crate::bench::BenchCommand::Report(a)) => {
             crate::bench::run_report(a)?;
             Ok(())

@@ -66,6 +66,8 @@ pub struct ReportRound {
     pub forks: usize,
     /// Mean request-response bytes sent per node in this round.
     pub bytes_sent: u64,
+    /// Of those, the mean bytes of signed statuses per node.
+    pub status_bytes_sent: u64,
     pub bytes_sent_per_node: Vec<u64>,
     /// Sum of the nodes' training throughput.
     pub tokens_per_sec: f64,
@@ -238,6 +240,8 @@ pub fn build_report(
             state_hash_agreed: agreed,
             forks: forks.get(round).copied().unwrap_or(0),
             bytes_sent: per_node.iter().sum::<u64>() / per_node.len().max(1) as u64,
+            status_bytes_sent: recs.iter().map(|r| r.status_bytes_sent).sum::<u64>()
+                / recs.len().max(1) as u64,
             bytes_sent_per_node: per_node,
             tokens_per_sec: recs.iter().map(|r| r.tokens_per_sec).sum(),
             round_secs: mean(|r| r.round_secs),
@@ -540,6 +544,11 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
         report.codec
     );
     println!("  sent per node     {} in total", human_bytes(sent));
+    let status: u64 = report.rounds.iter().map(|r| r.status_bytes_sent).sum();
+    println!(
+        "  signed statuses   {} per node per round",
+        human_bytes(status / report.rounds.len().max(1) as u64)
+    );
     println!("  wall time         {:.1} s", report.wall_secs);
     println!("  loss curve        {}", plot.display());
     if let Some(p) = &args.report {

@@ -108,6 +108,9 @@ pub struct RoundRecord {
     /// Request-response bytes this node wrote during the round.
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    /// Of `bytes_sent`, its signed statuses (announced to peers or answered on request).
+    #[serde(default)]
+    pub status_bytes_sent: u64,
     /// This node's delta as raw f32.
     pub dense_delta_bytes: u64,
     /// This node's delta as encoded on the wire (zstd body).
@@ -254,6 +257,7 @@ mod tests {
             inner_steps: 1,
             bytes_sent: 0,
             bytes_received: 0,
+            status_bytes_sent: 0,
             dense_delta_bytes: 0,
             wire_delta_bytes: 0,
             codec: "fp32".into(),

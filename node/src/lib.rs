@@ -12,6 +12,7 @@
 //! - [`peers`] — `nightshift peers`: the swarm's nodes and their advertised windows.
 //! - [`events`] — JSON-lines events for tools and tests.
 //! - [`plot`] — small SVG line charts.
+//! - [`replay_bench`] — `nightshift bench replay`: the cost of verifying a state by replay.
 //! - [`demo`] — `nightshift demo`: a local swarm of processes, its table, report and plot.
 //! - [`bench`] — `nightshift bench convergence`: DiLoCo against baselines, in one process.
 //! - [`byzantine`] — `nightshift bench byzantine`: robust aggregation under attack, in one process.
@@ -30,5 +31,6 @@ pub mod idle;
 pub mod net;
 pub mod peers;
 pub mod plot;
+pub mod replay_bench;
 pub mod round;
 pub mod store;

@@ -882,6 +882,10 @@ impl<B: AutodiffBackend> Driver<B> {
                 return; // the same contribution again (pushed and fetched)
             }
         }
+        if !duplicate && collected.len() >= self.recipe.max_contributors() {
+            debug!(%from, round, "a round holds as many contributions as it may count; refused one more");
+            return;
+        }
         let ctx = self.recipe.context(round, self.hash);
         match accept(&ctx, &env) {
             Ok(_) if duplicate => {
@@ -930,7 +934,7 @@ impl<B: AutodiffBackend> Driver<B> {
         collected: Option<&mut BTreeMap<[u8; 32], Accepted>>,
     ) {
         match ev {
-            NetEvent::ContributionPushed { peer, envelope } => match collected {
+            NetEvent::ContributionPushed { peer, envelope, .. } => match collected {
                 Some(c) => self.consider(envelope, peer, c),
                 None => {
                     if envelope.header.round >= self.state.round {
@@ -1078,6 +1082,7 @@ impl<B: AutodiffBackend> Driver<B> {
         let r = self.state.round;
         let t_round = Instant::now();
         let traffic0 = self.net.traffic.snapshot();
+        let status0 = self.net.traffic.status_sent();
         self.holding.clear();
         self.announce(Phase::Training).await;
         let t = self.manifest.manifest.training.clone();
@@ -1408,6 +1413,7 @@ impl<B: AutodiffBackend> Driver<B> {
             inner_steps: report.steps,
             bytes_sent: traffic1.0 - traffic0.0,
             bytes_received: traffic1.1 - traffic0.1,
+            status_bytes_sent: self.net.traffic.status_sent() - status0,
             dense_delta_bytes: delta::dense_bytes(self.num_params) as u64,
             wire_delta_bytes,
             codec: codec.to_string(),

@@ -25,6 +25,8 @@ const MIN_READ_BUDGET_BYTES: usize = 64 << 20;
 pub struct TrafficCounters {
     pub sent: AtomicU64,
     pub received: AtomicU64,
+    /// Of `sent`, the signed statuses (announced or answered).
+    pub status_sent: AtomicU64,
 }
 
 impl TrafficCounters {
@@ -34,6 +36,11 @@ impl TrafficCounters {
             self.sent.load(Ordering::Relaxed),
             self.received.load(Ordering::Relaxed),
         )
+    }
+
+    /// Bytes of signed statuses sent so far.
+    pub fn status_sent(&self) -> u64 {
+        self.status_sent.load(Ordering::Relaxed)
     }
 }
 
@@ -159,7 +166,13 @@ impl request_response::Codec for WireCodec {
     where
         T: AsyncWrite + Unpin + Send,
     {
-        write_frame(io, &wire::encode(&req), &self.traffic).await
+        let frame = wire::encode(&req);
+        if matches!(req, Request::Announce(_)) {
+            self.traffic
+                .status_sent
+                .fetch_add(frame.len() as u64 + 4, Ordering::Relaxed);
+        }
+        write_frame(io, &frame, &self.traffic).await
     }
 
     async fn write_response<T>(
@@ -171,7 +184,13 @@ impl request_response::Codec for WireCodec {
     where
         T: AsyncWrite + Unpin + Send,
     {
-        write_frame(io, &wire::encode(&res), &self.traffic).await
+        let frame = wire::encode(&res);
+        if matches!(res, Response::Status(_)) {
+            self.traffic
+                .status_sent
+                .fetch_add(frame.len() as u64 + 4, Ordering::Relaxed);
+        }
+        write_frame(io, &frame, &self.traffic).await
     }
 }
 

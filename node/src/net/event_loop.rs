@@ -98,13 +98,31 @@ pub fn encode_state(s: &StateSnapshot) -> Arc<Vec<u8>> {
     Arc::new(wire::encode(s))
 }
 
+/// One pushed contribution waiting in the round task's queue; dropping it (once the event is
+/// handled) frees the sender's slot. A peer may have [`MAX_QUEUED_PUSHES_PER_PEER`] queued, so
+/// pushes sent faster than the round task takes them are dropped instead of piling up in memory.
+#[derive(Debug)]
+pub struct PushTicket(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for PushTicket {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Pushed contributions of one peer that may wait, unhandled, in the round task's queue (an
+/// honest peer pushes one a round).
+pub const MAX_QUEUED_PUSHES_PER_PEER: usize = 4;
+
 /// Something the network saw that the round task should know.
 #[derive(Debug)]
 pub enum NetEvent {
-    /// A peer pushed a contribution (not yet verified).
+    /// A peer pushed a contribution (not yet verified). The ticket counts it among the
+    /// peer's pushes waiting to be handled until the event is dropped.
     ContributionPushed {
         peer: PeerId,
         envelope: SignedEnvelope,
+        ticket: PushTicket,
     },
     /// A peer announced its status, signed by its own key and checked (swarm, membership,
     /// time) by [`StatusCheck`]; unsigned and outsiders' statuses never get here.
@@ -357,6 +375,7 @@ pub fn spawn_network(
         status_check,
         limits: PeerLimits::default(),
         inflight: HashMap::new(),
+        queued_pushes: HashMap::new(),
     };
     tokio::spawn(ev.run());
     Ok((handle, ev_rx))
@@ -387,6 +406,8 @@ struct EventLoop {
     limits: PeerLimits,
     /// Inbound requests each peer has in flight (answered but not yet sent).
     inflight: HashMap<PeerId, HashSet<InboundRequestId>>,
+    /// Pushed contributions of each peer waiting in the round task's queue.
+    queued_pushes: HashMap<PeerId, Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 /// Inbound requests one peer may have in flight at once; more are dropped unanswered.
@@ -528,6 +549,7 @@ impl EventLoop {
                 debug!(peer = %peer_id, "disconnected");
                 self.inflight.remove(&peer_id);
                 self.limits.forget(&peer_id);
+                self.queued_pushes.remove(&peer_id);
                 self.forward(NetEvent::PeerDisconnected(peer_id));
             }
             SwarmEvent::IncomingConnectionError { error, .. } => {
@@ -740,8 +762,19 @@ impl EventLoop {
         }
         let response = match request {
             Request::Push(envelope) => {
-                self.forward(NetEvent::ContributionPushed { peer, envelope });
-                Response::Ack
+                let queued = self.queued_pushes.entry(peer).or_default().clone();
+                if queued.load(std::sync::atomic::Ordering::Relaxed) >= MAX_QUEUED_PUSHES_PER_PEER {
+                    debug!(%peer, "dropped a push: the peer has too many waiting");
+                    Response::Refused("too many contributions waiting".into())
+                } else {
+                    queued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.forward(NetEvent::ContributionPushed {
+                        peer,
+                        envelope,
+                        ticket: PushTicket(queued),
+                    });
+                    Response::Ack
+                }
             }
             Request::Announce(envelope) => {
                 match self.status_check.open(&peer, &envelope, super::unix_ms()) {

@@ -11,9 +11,10 @@ use std::time::Instant;
 pub const REQUESTS_PER_SEC: f64 = 50.0;
 pub const REQUEST_BURST: f64 = 200.0;
 /// Pushed contributions per second on average, and in a burst: an honest node pushes one per
-/// round.
-pub const PUSHES_PER_SEC: f64 = 0.5;
-pub const PUSH_BURST: f64 = 8.0;
+/// round (rounds of a tiny model can be a fraction of a second); what waits unhandled is bounded
+/// separately ([`super::event_loop::MAX_QUEUED_PUSHES_PER_PEER`]).
+pub const PUSHES_PER_SEC: f64 = 5.0;
+pub const PUSH_BURST: f64 = 20.0;
 /// Requests dropped in a row after which the peer is disconnected.
 pub const DISCONNECT_AFTER_DROPS: u64 = 1000;
 /// Least seconds between two warnings about the same peer.

@@ -32,6 +32,8 @@ use crate::net::{NetHandle, public_key_of};
 
 /// Time-out of one contribution look-up while replaying.
 const FETCH_TIMEOUT_SECS: u64 = 10;
+/// Most contributions a round of an open swarm counts.
+pub const MAX_OPEN_CONTRIBUTORS: usize = 256;
 /// Most candidate states tried per alignment (each may cost a look-up per contribution).
 pub const MAX_CANDIDATES: usize = 4;
 
@@ -74,6 +76,14 @@ impl Recipe {
             outer_lr: t.outer_lr,
             outer_momentum: t.outer_momentum,
         }
+    }
+
+    /// Most contributions one round may count: the members, or [`MAX_OPEN_CONTRIBUTORS`] in an
+    /// open swarm (where keys are free, so the bound is what keeps a round's memory bounded).
+    pub fn max_contributors(&self) -> usize {
+        self.allowlist
+            .as_ref()
+            .map_or(MAX_OPEN_CONTRIBUTORS, Vec::len)
     }
 
     /// What a contribution to the round that starts from `base` (whose hash is `base_hash`)
@@ -311,11 +321,7 @@ pub async fn replay(
     claim: &Claim,
     known: &HashMap<[u8; 32], Arc<SignedEnvelope>>,
 ) -> Result<Replayed, ReplayError> {
-    let limit = recipe
-        .allowlist
-        .as_ref()
-        .map_or(nightshift_protocol::message::MAX_LISTED, Vec::len);
-    if claim.formed_by.len() > limit {
+    if claim.formed_by.len() > recipe.max_contributors() {
         return Err(ReplayError::TooMany(claim.formed_by.len()));
     }
     if claim.formed_by.is_empty() {
@@ -354,39 +360,55 @@ pub async fn replay(
         .collect::<Result<_, _>>()?;
     let claimed = claim.hash;
     tokio::task::spawn_blocking(move || {
-        let t0 = std::time::Instant::now();
-        let ctx = recipe.context(round, base_hash);
-        let mut set = BTreeMap::new();
-        let mut envelopes = vec![];
-        let mut fetched_bytes = 0;
-        for (env, bytes) in fetched {
-            let a = accept(&ctx, &env).map_err(|e| ReplayError::Refused {
-                sender: hex::encode(&env.header.sender[..6]),
-                reason: e.to_string(),
-            })?;
-            set.insert(a.sender, a);
-            envelopes.push(env);
-            fetched_bytes += bytes;
-        }
-        let (state, step) = recipe.apply(&base, &set).ok_or(ReplayError::Empty)?;
-        let hash = state.hash();
-        if hash != claimed {
-            return Err(ReplayError::Mismatch {
-                got: hash.short(),
-                claimed: claimed.short(),
-            });
-        }
-        Ok(Replayed {
-            state,
-            hash,
-            envelopes,
-            step,
-            fetched_bytes,
-            replay_ms: t0.elapsed().as_secs_f64() * 1e3,
-        })
+        let fetched_bytes = fetched.iter().map(|(_, b)| b).sum();
+        let envelopes: Vec<Arc<SignedEnvelope>> = fetched.into_iter().map(|(e, _)| e).collect();
+        let mut r = replay_round(&recipe, &base, base_hash, envelopes, claimed)?;
+        r.fetched_bytes = fetched_bytes;
+        Ok(r)
     })
     .await
     .map_err(|e| ReplayError::Task(e.to_string()))?
+}
+
+/// The CPU side of a replay: verifies every envelope against the round that starts from `base`
+/// (hash `base_hash`), applies the round, and checks the result against `claimed`. What the
+/// replay costs a node, and what `bench trust` measures.
+///
+/// # Errors
+/// A refused contribution, an empty set, or a result other than `claimed`.
+pub fn replay_round(
+    recipe: &Recipe,
+    base: &StateSnapshot,
+    base_hash: Hash32,
+    envelopes: Vec<Arc<SignedEnvelope>>,
+    claimed: Hash32,
+) -> Result<Replayed, ReplayError> {
+    let t0 = std::time::Instant::now();
+    let ctx = recipe.context(base.round, base_hash);
+    let mut set = BTreeMap::new();
+    for env in &envelopes {
+        let a = accept(&ctx, env).map_err(|e| ReplayError::Refused {
+            sender: hex::encode(&env.header.sender[..6]),
+            reason: e.to_string(),
+        })?;
+        set.insert(a.sender, a);
+    }
+    let (state, step) = recipe.apply(base, &set).ok_or(ReplayError::Empty)?;
+    let hash = state.hash();
+    if hash != claimed {
+        return Err(ReplayError::Mismatch {
+            got: hash.short(),
+            claimed: claimed.short(),
+        });
+    }
+    Ok(Replayed {
+        state,
+        hash,
+        envelopes,
+        step,
+        fetched_bytes: 0,
+        replay_ms: t0.elapsed().as_secs_f64() * 1e3,
+    })
 }
 
 /// A verified state, ready to adopt.
