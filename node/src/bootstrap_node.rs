@@ -27,8 +27,6 @@ use crate::store::Store;
 const FOLLOW_TICK_MS: u64 = 500;
 /// How often it asks its peers for their statuses.
 const STATUS_REFRESH_SECS: u64 = 3;
-/// How long a claim that failed to verify is left alone.
-const REJECT_SECS: u64 = 30;
 
 /// How to run a bootstrap node.
 pub struct BootstrapOptions {
@@ -160,7 +158,7 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
         statuses: HashMap::new(),
         connected: HashSet::new(),
         status_check: StatusCheck::new(swarm_id, admitted),
-        rejected: HashMap::new(),
+        rejected: verify::Rejections::default(),
     };
     f.serve_status();
     f.run(events, opts.shutdown).await;
@@ -181,7 +179,7 @@ struct Follower {
     statuses: HashMap<PeerId, Status>,
     connected: HashSet<PeerId>,
     status_check: StatusCheck,
-    rejected: HashMap<Hash32, Instant>,
+    rejected: verify::Rejections,
 }
 
 impl Follower {
@@ -325,15 +323,13 @@ impl Follower {
                 })
                 .map(|(p, s)| (*p, s)),
         );
-        self.rejected
-            .retain(|_, at| at.elapsed() < Duration::from_secs(REJECT_SECS));
-        let rejected: HashSet<Hash32> = self.rejected.keys().copied().collect();
+        self.rejected.prune();
         let held = Held {
             round: self.state.round,
             hash: self.hash,
             formed: self.state.formed_by.len(),
         };
-        let list = candidates(&self.recipe, held, &claims, &rejected);
+        let list = candidates(&self.recipe, held, &claims, &self.rejected);
         if list.is_empty() {
             return false;
         }

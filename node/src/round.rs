@@ -74,8 +74,6 @@ const MAX_RECONCILE_FETCHES: usize = 64;
 const RECONCILE_SECS: u64 = 30;
 /// Most early contributions (for a round not reached yet) kept in an open swarm.
 const MAX_STASHED: usize = 64;
-/// How long a claim that failed to verify is left alone.
-const REJECT_SECS: u64 = 30;
 
 /// How to run a trainer.
 pub struct TrainerOptions {
@@ -200,7 +198,7 @@ struct Driver<B: AutodiffBackend> {
     /// from which a fork of our round is replayed.
     prev: Option<(Arc<StateSnapshot>, Hash32)>,
     /// Claims (state hashes) that failed to verify, and when: not tried again for a while.
-    rejected: HashMap<Hash32, Instant>,
+    rejected: verify::Rejections,
     connected: HashSet<PeerId>,
     stash: Vec<SignedEnvelope>,
     stop: Arc<AtomicBool>,
@@ -413,7 +411,7 @@ impl<B: AutodiffBackend> Driver<B> {
             status_check,
             recipe,
             prev: None,
-            rejected: HashMap::new(),
+            rejected: verify::Rejections::default(),
             connected: HashSet::new(),
             stash: vec![],
             stop,
@@ -733,13 +731,6 @@ impl<B: AutodiffBackend> Driver<B> {
         )
     }
 
-    /// Hashes that failed to verify lately (not tried again for [`REJECT_SECS`]).
-    fn rejected_now(&mut self) -> HashSet<Hash32> {
-        self.rejected
-            .retain(|_, at| at.elapsed() < Duration::from_secs(REJECT_SECS));
-        self.rejected.keys().copied().collect()
-    }
-
     /// Tries the states the peers' claims offer, best first ([`verify::candidates`]), and adopts
     /// the first that verifies. Returns whether our state changed.
     async fn improve_state(&mut self) -> bool {
@@ -749,8 +740,8 @@ impl<B: AutodiffBackend> Driver<B> {
             hash: self.hash,
             formed: self.state.formed_by.len(),
         };
-        let rejected = self.rejected_now();
-        let list = candidates(&self.recipe, held, &claims, &rejected);
+        self.rejected.prune();
+        let list = candidates(&self.recipe, held, &claims, &self.rejected);
         if list.is_empty() {
             return false;
         }

@@ -202,6 +202,44 @@ pub fn preferred(a: (usize, Hash32), b: (usize, Hash32)) -> Ordering {
     b.0.cmp(&a.0).then(a.1.cmp(&b.1))
 }
 
+/// How long a claim that failed to verify, and the peers that signed it, are left alone.
+pub const REJECT_SECS: u64 = 30;
+
+/// Claims that failed to verify lately, and their signers: neither is tried again for
+/// [`REJECT_SECS`], so a peer that keeps claiming made-up states (a new one every second) costs
+/// a node one failed verification per [`REJECT_SECS`], not one per round.
+#[derive(Debug, Default)]
+pub struct Rejections {
+    hashes: HashMap<Hash32, std::time::Instant>,
+    signers: HashMap<[u8; 32], std::time::Instant>,
+}
+
+impl Rejections {
+    /// Notes that `claim` failed to verify.
+    pub fn note(&mut self, claim: &Claim) {
+        let now = std::time::Instant::now();
+        self.hashes.insert(claim.hash, now);
+        for s in &claim.signers {
+            self.signers.insert(*s, now);
+        }
+    }
+
+    /// Forgets what is older than [`REJECT_SECS`].
+    pub fn prune(&mut self) {
+        let fresh = |at: &mut std::time::Instant| at.elapsed() < Duration::from_secs(REJECT_SECS);
+        self.hashes.retain(|_, at| fresh(at));
+        self.signers.retain(|_, at| fresh(at));
+    }
+
+    /// Whether `claim` is left alone: its hash failed lately, or every one of its signers
+    /// signed a claim that did.
+    pub fn skips(&self, claim: &Claim) -> bool {
+        self.hashes.contains_key(&claim.hash)
+            || (!claim.signers.is_empty()
+                && claim.signers.iter().all(|s| self.signers.contains_key(s)))
+    }
+}
+
 /// One way to a better state, in the order to try them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Candidate {
@@ -233,15 +271,15 @@ pub struct Held {
 
 /// The candidates worth trying, best first: forks of our round that the rules prefer over our
 /// state, then states one round ahead (most contributions first), then attested states further
-/// ahead (highest round first). Claims in `rejected` (hashes that failed to verify) are skipped.
+/// ahead (highest round first). Claims that `rejected` skips are left out.
 pub fn candidates(
     recipe: &Recipe,
     held: Held,
     claims: &[Claim],
-    rejected: &HashSet<Hash32>,
+    rejected: &Rejections,
 ) -> Vec<Candidate> {
     let key = |c: &Claim| (c.formed_by.len(), c.hash);
-    let fresh = |c: &&Claim| !rejected.contains(&c.hash) && c.hash != held.hash;
+    let fresh = |c: &&Claim| !rejected.skips(c) && c.hash != held.hash;
     let mut forks: Vec<&Claim> = claims
         .iter()
         .filter(fresh)
@@ -432,7 +470,7 @@ pub struct Verified {
 /// Tries `list` in order and returns the first state that verifies: a fork replayed from
 /// `prev`, a state one round ahead replayed from `current`, an attested state downloaded (into
 /// `store`) and checked against its hash. `known` holds contributions we already have, by round
-/// and sender. A claim that fails is noted in `rejected`, with the time.
+/// and sender. A claim that fails is noted in `rejected`.
 ///
 /// # Errors
 /// Never: failures are logged and noted; `None` when nothing verified.
@@ -445,7 +483,7 @@ pub async fn first_verified(
     prev: Option<&(Arc<StateSnapshot>, Hash32)>,
     list: Vec<Candidate>,
     known: &HashMap<(u64, [u8; 32]), Arc<SignedEnvelope>>,
-    rejected: &mut HashMap<Hash32, std::time::Instant>,
+    rejected: &mut Rejections,
 ) -> Option<Verified> {
     for cand in list {
         let claim = cand.claim().clone();
@@ -500,7 +538,7 @@ pub async fn first_verified(
             Ok(v) => return Some(v),
             Err(e) => {
                 tracing::warn!(round = claim.round, hash = %claim.hash.short(), error = %e, "a claimed state did not verify; not adopting it");
-                rejected.insert(claim.hash, std::time::Instant::now());
+                rejected.note(&claim);
             }
         }
     }
@@ -547,6 +585,88 @@ mod tests {
         }
     }
 
+    fn contribution(key: u8, round: u64, base_hash: Hash32, values: &[f32]) -> Arc<SignedEnvelope> {
+        use nightshift_protocol::signed::EnvelopeHeader;
+        use nightshift_protocol::{Contribution, PayloadKind, delta, wire};
+        let c = Contribution {
+            tokens: 50,
+            inner_steps: 5,
+            train_loss: 1.0,
+            delta: delta::encode(DeltaCodec::Fp32, values),
+            expected: 2,
+        };
+        let h = EnvelopeHeader {
+            kind: PayloadKind::Contribution,
+            swarm_id: Hash32::default(),
+            round,
+            sender: [0; 32],
+            base_hash,
+        };
+        let k = ed25519_dalek::SigningKey::from_bytes(&[key; 32]);
+        Arc::new(SignedEnvelope::sign(&k, h, wire::encode(&c)))
+    }
+
+    #[test]
+    fn a_replayed_round_verifies_only_the_state_its_contributions_form() {
+        let r = recipe(None, 0);
+        let base = StateSnapshot {
+            round: 3,
+            params: vec![1.0, 2.0, 3.0, 4.0],
+            momentum: vec![0.1; 4],
+            formed_by: vec![],
+            noise: None,
+        };
+        let bh = base.hash();
+        let envs = vec![
+            contribution(1, 3, bh, &[0.1, 0.0, -0.1, 0.2]),
+            contribution(2, 3, bh, &[0.3, 0.1, 0.0, 0.0]),
+        ];
+        // The honest result, as a node computes its own round.
+        let ctx = r.context(3, bh);
+        let set: BTreeMap<[u8; 32], Accepted> = envs
+            .iter()
+            .map(|e| {
+                let a = accept(&ctx, e).unwrap();
+                (a.sender, a)
+            })
+            .collect();
+        let (honest, _) = r.apply(&base, &set).unwrap();
+        let ok = replay_round(&r, &base, bh, envs.clone(), honest.hash()).unwrap();
+        assert_eq!(ok.state, honest);
+        assert_eq!(ok.state.formed_by.len(), 2);
+        // A made-up state (all zeros) is not what these contributions form.
+        let forged = StateSnapshot {
+            round: 4,
+            params: vec![0.0; 4],
+            momentum: vec![0.0; 4],
+            formed_by: honest.formed_by.clone(),
+            noise: None,
+        };
+        assert!(matches!(
+            replay_round(&r, &base, bh, envs.clone(), forged.hash()),
+            Err(ReplayError::Mismatch { .. })
+        ));
+        // The genesis relabelled as a later round is not either.
+        let mut relabelled = base.clone();
+        relabelled.round = 4;
+        assert!(replay_round(&r, &base, bh, envs.clone(), relabelled.hash()).is_err());
+        // A contribution bound to another base state is refused, whatever the claim.
+        let stale = vec![
+            envs[0].clone(),
+            contribution(3, 3, Hash32::of(&[b"other"]), &[1.0; 4]),
+        ];
+        assert!(matches!(
+            replay_round(&r, &base, bh, stale, honest.hash()),
+            Err(ReplayError::Refused { .. })
+        ));
+        // So is one of an outsider in a swarm with an allowlist.
+        let private = recipe(Some(vec![envs[0].header.sender]), 1);
+        assert!(matches!(
+            replay_round(&private, &base, bh, envs, honest.hash()),
+            Err(ReplayError::Refused { .. })
+        ));
+    }
+
     #[test]
     fn a_state_formed_by_more_contributions_is_preferred_then_the_smaller_hash() {
         let (a, b) = (Hash32::of(&[b"a"]), Hash32::of(&[b"b"]));
@@ -578,7 +698,7 @@ mod tests {
             &r,
             held(3, 3),
             &[lone.clone(), two.clone()],
-            &HashSet::new(),
+            &Rejections::default(),
         );
         assert_eq!(c, vec![Candidate::Attested(two)]);
     }
@@ -599,23 +719,29 @@ mod tests {
             bigger_fork.clone(),
             next_big.clone(),
         ];
-        let c = candidates(&r, ours, &all, &HashSet::new());
+        let c = candidates(&r, ours, &all, &Rejections::default());
         assert_eq!(
             c,
             vec![
                 Candidate::Fork(bigger_fork.clone()),
                 Candidate::Attested(bigger_fork),
                 Candidate::Ahead(next_big.clone()),
-                Candidate::Ahead(next_small),
-                Candidate::Attested(far),
+                Candidate::Ahead(next_small.clone()),
+                Candidate::Attested(far.clone()),
             ]
         );
         // A claim that failed to verify is not tried again.
-        let rejected: HashSet<Hash32> = [next_big.hash].into();
+        let mut rejected = Rejections::default();
+        rejected.note(&next_big);
+        let c = candidates(&r, ours, &all, &rejected);
         assert!(
-            !candidates(&r, ours, &all, &rejected).contains(&Candidate::Ahead(next_big)),
+            !c.contains(&Candidate::Ahead(next_big)),
             "rejected claims are skipped"
         );
+        // So are other claims signed only by peers whose claims failed: a peer inventing a new
+        // state every second costs one verification per REJECT_SECS.
+        assert!(!c.contains(&Candidate::Ahead(next_small)), "{c:?}");
+        assert!(c.contains(&Candidate::Attested(far)));
     }
 
     #[test]
