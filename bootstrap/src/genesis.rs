@@ -67,22 +67,10 @@ pub struct SwarmSettings {
     /// Members that must attest a state for a node too far behind to replay (private swarms);
     /// `None`: [`Manifest::default_attest_quorum`].
     pub attest_quorum: Option<u32>,
-    /// `None`: robust ([`Aggregator::ROBUST`]) in an open swarm, the mean in a private one.
-    pub aggregator: Option<Aggregator>,
+    /// How each round's contributions are combined.
+    pub aggregator: Aggregator,
     /// The pre-shared key that closes the swarm at the transport (libp2p pnet).
     pub psk: Option<[u8; 32]>,
-}
-
-impl SwarmSettings {
-    /// The aggregator these settings give: the one chosen, else robust for an open swarm and
-    /// the mean for a private one (whose members are known).
-    pub fn aggregator(&self) -> Aggregator {
-        self.aggregator.unwrap_or(if self.allowlist.is_empty() {
-            Aggregator::ROBUST
-        } else {
-            Aggregator::Mean
-        })
-    }
 }
 
 impl Default for SwarmSettings {
@@ -113,7 +101,8 @@ impl Default for SwarmSettings {
             allowlist: vec![],
             bootstraps: vec![],
             attest_quorum: None,
-            aggregator: None,
+            // Free without an attacker, bounded with one (BENCHMARKS.md, bench byzantine).
+            aggregator: Aggregator::ROBUST,
             psk: None,
         }
     }
@@ -233,7 +222,7 @@ pub fn build_manifest(
             s.attest_quorum
                 .unwrap_or_else(|| Manifest::default_attest_quorum(s.allowlist.len()))
         },
-        aggregator: s.aggregator(),
+        aggregator: s.aggregator,
         psk: s.psk.as_ref().map(psk_fingerprint),
     };
     m.initial_state_hash = genesis_state(&m).hash();

@@ -1,11 +1,12 @@
 //! Robust aggregation: combining a round's pseudo-gradients so that a minority of malicious
-//! contributions can move the result by a bounded amount only.
+//! contributions can move the result by a bounded amount only. (A coordinate-wise trimmed mean
+//! was measured beside centered clipping and ended worse with 3 of 8 attackers; BENCHMARKS.md.)
 //!
 //! Every function here is plain arithmetic over the given contributions in the given order, with
 //! f64 accumulation and medians taken by a total order, so every node that aggregates the same
 //! contributions gets the same bits (the swarm's state hash depends on it).
 //!
-//! Both robust aggregators first bound each contribution's L2 norm by [`NORM_BOUND_MULT`] times
+//! Centered clipping first bounds each contribution's L2 norm by [`NORM_BOUND_MULT`] times
 //! the round's median norm: a contribution scaled up a hundredfold counts as one of ordinary
 //! size pointing its way, and no single one can dominate the round.
 
@@ -118,45 +119,6 @@ pub fn centered_clip(parts: &[WeightedDelta<'_>], clip_mult: f64, iters: u32) ->
     Some(center.into_iter().map(|c| c as f32).collect())
 }
 
-/// How many values a trimmed mean of `k` drops from each side at `trim_permille`: at least one
-/// when `k ≥ 3`, never so many that nothing is left.
-pub fn trimmed_count(k: usize, trim_permille: u32) -> usize {
-    if k < 3 {
-        return 0;
-    }
-    (k * trim_permille as usize / 1000).clamp(1, (k - 1) / 2)
-}
-
-/// Coordinate-wise trimmed mean: after bounding the norms, in every coordinate the
-/// [`trimmed_count`] largest and smallest values are dropped and the rest averaged by weight.
-pub fn trimmed_mean(parts: &[WeightedDelta<'_>], trim_permille: u32) -> Option<Vec<f32>> {
-    let (w, len) = normalised(parts)?;
-    let raw: Vec<&[f32]> = parts.iter().map(|p| p.delta).collect();
-    let xs = bound_norms(&raw);
-    let k = xs.len();
-    let t = trimmed_count(k, trim_permille);
-    let mut col: Vec<(f64, f64)> = vec![(0.0, 0.0); k];
-    let mut out = Vec::with_capacity(len);
-    for j in 0..len {
-        for (slot, (x, wi)) in col.iter_mut().zip(xs.iter().zip(&w)) {
-            *slot = (x[j] as f64, *wi);
-        }
-        // Ties broken by weight, then they are equal: the kept sum does not depend on it.
-        col.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
-        let kept = &col[t..k - t];
-        let (sum, wsum) = kept
-            .iter()
-            .fold((0f64, 0f64), |(s, ws), (v, wi)| (s + v * wi, ws + wi));
-        out.push(if wsum > 0.0 {
-            (sum / wsum) as f32
-        } else {
-            // Every kept value had zero weight: the plain mean of what was kept.
-            (kept.iter().map(|(v, _)| v).sum::<f64>() / kept.len() as f64) as f32
-        });
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,14 +159,18 @@ mod tests {
     }
 
     #[test]
-    fn without_an_attacker_centered_clipping_is_the_weighted_mean() {
+    fn without_an_attacker_centered_clipping_is_close_to_the_weighted_mean() {
         let xs = honest(8, 500);
         let w = [1.0, 2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0];
         let p = parts(&xs, &w);
         let mean = weighted_average(&p).unwrap();
-        let cc = centered_clip(&p, 1.5, 3).unwrap();
-        let rel = dist(&cc, &mean) / norm(&mean);
-        assert!(rel < 1e-3, "relative distance {rel}");
+        // At 1.5× the median offset nothing is clipped: the mean itself. At 1× (the default) the
+        // farther half of the offsets are clipped a little in the first iteration.
+        for (clip, within) in [(1.5, 1e-3), (1.0, 1e-2)] {
+            let cc = centered_clip(&p, clip, 3).unwrap();
+            let rel = dist(&cc, &mean) / norm(&mean);
+            assert!(rel < within, "clip {clip}: relative distance {rel}");
+        }
     }
 
     #[test]
@@ -222,18 +188,10 @@ mod tests {
             }
             let p = parts(&xs, &[1.0; 8]);
             let mean = weighted_average(&p).unwrap();
-            let cc = centered_clip(&p, 1.5, 3).unwrap();
-            let tm = trimmed_mean(&p, 250).unwrap();
-            let (dm, dc, dt) = (
-                dist(&mean, &clean) / scale,
-                dist(&cc, &clean) / scale,
-                dist(&tm, &clean) / scale,
-            );
-            assert!(dc < 0.6 && dt < 0.6, "{attack}: cclip {dc}, trimmed {dt}");
-            assert!(
-                dm > dc && dm > dt,
-                "{attack}: mean {dm}, cclip {dc}, trimmed {dt}"
-            );
+            let cc = centered_clip(&p, 1.0, 3).unwrap();
+            let (dm, dc) = (dist(&mean, &clean) / scale, dist(&cc, &clean) / scale);
+            assert!(dc < 0.6, "{attack}: cclip {dc}");
+            assert!(dm > dc, "{attack}: mean {dm}, cclip {dc}");
         }
     }
 
@@ -255,37 +213,15 @@ mod tests {
     }
 
     #[test]
-    fn trimmed_mean_drops_the_extremes_of_each_coordinate() {
-        let xs: Vec<Vec<f32>> = [1.0f32, 2.0, 3.0, 4.0, 1000.0]
-            .iter()
-            .map(|v| vec![*v, -*v])
-            .collect();
-        let p = parts(&xs, &[1.0; 5]);
-        // Norms (1.4, 2.8, 4.2, 5.7, 1414): the median is 4.2, so 1000 is bounded to about 6,
-        // then one value is dropped each side: the mean of 2, 3, 4.
-        let t = trimmed_mean(&p, 200).unwrap();
-        assert!(
-            (t[0] - 3.0).abs() < 1e-6 && (t[1] + 3.0).abs() < 1e-6,
-            "{t:?}"
-        );
-        assert_eq!(trimmed_count(8, 250), 2);
-        assert_eq!(trimmed_count(2, 250), 0);
-        assert_eq!(trimmed_count(3, 10), 1);
-        assert_eq!(trimmed_count(4, 499), 1);
-    }
-
-    #[test]
     fn aggregation_is_bit_identical_when_repeated_and_refuses_nothing_to_do() {
         let xs = honest(5, 300);
         let p = parts(&xs, &[1.0, 2.0, 3.0, 4.0, 5.0]);
-        assert_eq!(centered_clip(&p, 1.5, 3), centered_clip(&p, 1.5, 3));
-        assert_eq!(trimmed_mean(&p, 250), trimmed_mean(&p, 250));
+        assert_eq!(centered_clip(&p, 1.0, 3), centered_clip(&p, 1.0, 3));
         assert_eq!(centered_clip(&[], 1.5, 3), None);
         let zero = parts(&xs, &[0.0; 5]);
         assert_eq!(centered_clip(&zero, 1.5, 3), None);
         // One contribution alone is returned as it is.
         let one = parts(&xs[..1], &[1.0]);
-        assert_eq!(centered_clip(&one, 1.5, 3).unwrap(), xs[0]);
-        assert_eq!(trimmed_mean(&one, 250).unwrap(), xs[0]);
+        assert_eq!(centered_clip(&one, 1.0, 3).unwrap(), xs[0]);
     }
 }

@@ -476,7 +476,7 @@ impl Setup {
             ema_horizons: vec![],
             tail_avg: 0,
             reset_inner_optim: false,
-            aggregator: Aggregator::Mean,
+            aggregator: s.aggregator,
         })
     }
 
@@ -1313,6 +1313,7 @@ mod tests {
             inner_optimizer: nightshift_protocol::InnerOptimizer::AdamW,
             outer_lr: 0.7,
             outer_momentum: 0.9,
+            aggregator: nightshift_protocol::Aggregator::ROBUST,
             deadline_secs: 60,
             seed: 1,
         };

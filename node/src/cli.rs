@@ -119,6 +119,12 @@ pub struct SwarmFlags {
     /// at H = 10, 0.6 is better; BENCHMARKS.md, sixteenth pass).
     #[arg(long, default_value_t = SwarmSettings::default().outer_momentum)]
     pub outer_momentum: f32,
+    /// How each round's contributions are combined: `cclip[:CLIP[:ITERS]]` (centered clipping:
+    /// each contribution's size is capped and outliers clipped, so a malicious minority moves
+    /// the result by a bounded amount; as good as the mean when nobody attacks) or `mean`
+    /// (token-weighted; one member can move it anywhere).
+    #[arg(long, default_value = "cclip")]
+    pub aggregator: Aggregator,
     /// Seconds a node waits for the others after its contribution is out.
     #[arg(long, default_value_t = SwarmSettings::default().round_deadline_secs)]
     pub deadline_secs: u32,
@@ -144,6 +150,7 @@ impl SwarmFlags {
             outer_momentum: self.outer_momentum,
             codec: self.codec,
             round_deadline_secs: self.deadline_secs,
+            aggregator: self.aggregator,
             init_seed: self.seed,
             allowlist,
             ..SwarmSettings::default()
@@ -180,12 +187,6 @@ pub struct InitArgs {
     /// the malicious members tolerated, ⌊(members − 1)/3⌋ + 1.
     #[arg(long)]
     pub attest_quorum: Option<u32>,
-    /// How each round's contributions are combined: `mean` (token-weighted), `cclip[:CLIP[:ITERS]]`
-    /// (centered clipping: a malicious minority moves the result by a bounded amount) or
-    /// `trimmed[:PERMILLE]` (coordinate-wise trimmed mean). Default: cclip for an open swarm,
-    /// mean for one with --allow.
-    #[arg(long)]
-    pub aggregator: Option<Aggregator>,
     #[command(flatten)]
     pub swarm: SwarmFlags,
 }
@@ -488,7 +489,6 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             let settings = SwarmSettings {
                 bootstraps,
                 attest_quorum: a.attest_quorum,
-                aggregator: a.aggregator,
                 psk,
                 ..a.swarm.settings(&a.name, allow)
             };

@@ -41,17 +41,15 @@ pub enum Aggregator {
     /// `clip_mult` times the median offset. A minority of contributions can move the result by
     /// a bounded amount only.
     CenteredClip { clip_mult: f32, iters: u32 },
-    /// Coordinate-wise trimmed mean: every contribution's norm bounded as above, then in each
-    /// coordinate the `trim_permille`/1000 largest and smallest values of the round are dropped
-    /// (at least one each side) and the rest averaged by tokens.
-    TrimmedMean { trim_permille: u32 },
 }
 
 impl Aggregator {
-    /// The robust aggregator's default: centered clipping at 1.5 times the median offset with
-    /// three iterations (BENCHMARKS.md, the byzantine table).
+    /// The default: centered clipping at the median offset with three iterations. With no
+    /// attacker it ends where the mean does (0.9999× over six runs); with 2 of 8 members
+    /// attacking, within 1.033× of the honest members alone (BENCHMARKS.md, the byzantine
+    /// table; a coordinate-wise trimmed mean and a clip at 1.5× were measured worse).
     pub const ROBUST: Aggregator = Aggregator::CenteredClip {
-        clip_mult: 1.5,
+        clip_mult: 1.0,
         iters: 3,
     };
 
@@ -71,14 +69,6 @@ impl Aggregator {
                 }
                 Ok(())
             }
-            Aggregator::TrimmedMean { trim_permille } => {
-                if trim_permille >= 500 {
-                    return Err(format!(
-                        "trimming {trim_permille}‰ from each side leaves nothing"
-                    ));
-                }
-                Ok(())
-            }
         }
     }
 
@@ -95,7 +85,6 @@ impl std::fmt::Display for Aggregator {
             Aggregator::CenteredClip { clip_mult, iters } => {
                 write!(f, "cclip:{clip_mult}:{iters}")
             }
-            Aggregator::TrimmedMean { trim_permille } => write!(f, "trimmed:{trim_permille}"),
         }
     }
 }
@@ -103,7 +92,7 @@ impl std::fmt::Display for Aggregator {
 impl std::str::FromStr for Aggregator {
     type Err = String;
 
-    /// Parses `mean`, `cclip[:CLIP[:ITERS]]` or `trimmed[:PERMILLE]`.
+    /// Parses `mean` or `cclip[:CLIP[:ITERS]]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.split(':');
         let name = parts.next().unwrap_or_default().to_ascii_lowercase();
@@ -127,12 +116,9 @@ impl std::str::FromStr for Aggregator {
                     iters: num(1, "the iteration count")?.map_or(iters, |v| v as u32),
                 }
             }
-            "trimmed" if args.len() <= 1 => Aggregator::TrimmedMean {
-                trim_permille: num(0, "the trimmed share")?.map_or(250, |v| v as u32),
-            },
             _ => {
                 return Err(format!(
-                    "unknown aggregator {s:?}: expected mean, cclip[:CLIP[:ITERS]] or trimmed[:PERMILLE]"
+                    "unknown aggregator {s:?}: expected mean or cclip[:CLIP[:ITERS]]"
                 ));
             }
         };
@@ -560,27 +546,17 @@ pub(crate) mod tests {
 
     #[test]
     fn aggregators_parse_and_print_back() {
-        for s in [
-            "mean",
-            "cclip:1.5:3",
-            "cclip:2:1",
-            "trimmed:250",
-            "trimmed:100",
-        ] {
+        for s in ["mean", "cclip:1.5:3", "cclip:2:1", "cclip:1:3"] {
             let a: Aggregator = s.parse().unwrap();
             assert_eq!(a.to_string(), s);
         }
         assert_eq!("cclip".parse::<Aggregator>(), Ok(Aggregator::ROBUST));
-        assert_eq!(
-            "trimmed".parse::<Aggregator>(),
-            Ok(Aggregator::TrimmedMean { trim_permille: 250 })
-        );
         for bad in [
             "median",
             "cclip:0",
             "cclip:2:0",
             "cclip:x",
-            "trimmed:500",
+            "trimmed",
             "mean:1",
         ] {
             assert!(bad.parse::<Aggregator>().is_err(), "{bad}");

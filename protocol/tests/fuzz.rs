@@ -816,7 +816,7 @@ fn manifests() -> Vec<Manifest> {
     private.allowlist = members().to_vec();
     private.attest_quorum = 1;
     private.psk = Some(nightshift_protocol::psk_fingerprint(&[3; 32]));
-    private.aggregator = Aggregator::TrimmedMean { trim_permille: 250 };
+    private.aggregator = Aggregator::Mean;
     private.training.inner_optimizer = InnerOptimizer::AdamW;
     private.training.codec = DeltaCodec::LowRank {
         rank: 23,
@@ -896,11 +896,7 @@ fn tweak_manifest(rng: &mut Rng, m: &mut Manifest) {
                 iters: *rng.pick(&[0, 1, 10, 11, u32::MAX]),
             }
         }
-        21 => {
-            m.aggregator = Aggregator::TrimmedMean {
-                trim_permille: *rng.pick(&u32s),
-            }
-        }
+        21 => m.aggregator = Aggregator::Mean,
         22 => m.psk = rng.chance(50).then(|| Hash32::of(&[b"psk"])),
         _ => m.name = "n".repeat(*rng.pick(&[0, 1, 256, 4096])),
     }

@@ -1,7 +1,7 @@
 //! Pure round logic: accepting a contribution and aggregating a round. No I/O, so every rule
 //! here is tested directly.
 
-use nightshift_model::robust::{bound_norms, centered_clip, trimmed_mean};
+use nightshift_model::robust::{bound_norms, centered_clip};
 use nightshift_model::{
     ErrorFeedback, WeightedDelta, partial_round_scale, update_noise, weighted_average,
 };
@@ -192,7 +192,6 @@ pub fn aggregate_with(
         Aggregator::CenteredClip { clip_mult, iters } => {
             centered_clip(&parts, clip_mult as f64, iters)
         }
-        Aggregator::TrimmedMean { trim_permille } => trimmed_mean(&parts, trim_permille),
     }
 }
 
