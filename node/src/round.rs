@@ -836,16 +836,22 @@ impl<B: AutodiffBackend> Driver<B> {
         }
     }
 
-    /// Keeps a contribution for a round we have not reached yet, one per sender (the first),
-    /// and no more than the swarm has members (or [`MAX_STASHED`] in an open swarm).
+    /// Keeps a contribution for a round we have not reached yet (or that arrived while we were
+    /// not collecting): a few per sender and round (as many as a peer may have queued), and no
+    /// more than that many per member of the swarm (or [`MAX_STASHED`] in an open swarm).
     fn stash_push(&mut self, env: SignedEnvelope) {
-        let max = self.recipe.allowlist.as_ref().map_or(MAX_STASHED, Vec::len);
-        if self.stash.len() < max
-            && !self
-                .stash
-                .iter()
-                .any(|e| e.header.sender == env.header.sender && e.header.round == env.header.round)
-        {
+        let per_sender = net::MAX_QUEUED_PUSHES_PER_PEER;
+        let max = self
+            .recipe
+            .allowlist
+            .as_ref()
+            .map_or(MAX_STASHED, |m| m.len() * per_sender);
+        let same = self
+            .stash
+            .iter()
+            .filter(|e| e.header.sender == env.header.sender && e.header.round == env.header.round)
+            .count();
+        if self.stash.len() < max && same < per_sender {
             self.stash.push(env);
         }
     }
@@ -1213,6 +1219,7 @@ impl<B: AutodiffBackend> Driver<B> {
         let deadline = Instant::now() + Duration::from_secs_f64(deadline_secs);
         let mut tick = tokio::time::interval(Duration::from_millis(COLLECT_TICK_MS));
         let mut shutdown = self.shutdown.clone();
+        let mut confirmed = false;
         loop {
             let have: HashSet<PeerId> = collected.keys().filter_map(net::peer_id_of).collect();
             let trainers = self.trainer_peers();
@@ -1236,7 +1243,15 @@ impl<B: AutodiffBackend> Driver<B> {
                 .map(|(p, _)| *p)
                 .collect();
             if missing.is_empty() {
-                break;
+                if confirmed {
+                    break;
+                }
+                // Before closing, ask the peers once more: one that resumed or joined the round
+                // a moment ago would otherwise be left out, and the state that counts its work
+                // preferred over ours later (a fork, repaired but a fork).
+                self.refresh_statuses().await;
+                confirmed = true;
+                continue;
             }
             if Instant::now() >= deadline {
                 warn!(

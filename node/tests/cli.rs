@@ -137,8 +137,9 @@ fn run_refuses_an_unknown_idle_source() {
     assert!(!o.status.success());
 }
 
-/// A short churn benchmark end to end: the churning pool yields, nobody loses a round or forks,
-/// and the JSON report has the fields scripts read.
+/// A short churn benchmark end to end: the churning pool yields, nobody loses a round, every
+/// round ends agreed, the always-on swarm never forks, and the JSON report has the fields
+/// scripts read.
 #[test]
 fn bench_churn_reports_yields_joins_and_no_lost_rounds() {
     let dir = tempfile::tempdir().unwrap();
@@ -182,6 +183,10 @@ fn bench_churn_reports_yields_joins_and_no_lost_rounds() {
     assert!(churn["yields"].as_u64().unwrap() > 0, "{churn}");
     assert_eq!(churn["rounds_lost"], 0);
     assert_eq!(churn["rounds_disagreeing"], 0);
+    assert!(churn["forks"].as_u64().is_some(), "{churn}");
+    let stable = runs.iter().find(|r| r["name"] == "stable-half").unwrap();
+    assert_eq!(stable["forks"], 0, "an always-on swarm forked: {stable}");
+    assert_eq!(stable["rounds_disagreeing"], 0);
     assert!(churn["curve"].as_array().unwrap().len() > 2);
 }
 

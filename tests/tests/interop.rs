@@ -181,6 +181,22 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
         p.behaviour_mut().kad.add_address(&n0, a);
     }
     let _ = p.dial(n0); // usually connected already by the FIND_NODE query
+    // Pause both trainers (their owners want the machines), so that the round they hold stays
+    // the round the bad contributions are bound to until they are resumed.
+    for i in 0..2 {
+        nightshift_tests::run_ok(&[
+            "pause",
+            "--data-dir",
+            swarm.dir.join(format!("node{i}")).to_str().unwrap(),
+        ]);
+    }
+    assert!(
+        wait_until(Duration::from_secs(120), || (0..2).all(|i| swarm
+            .events(i)
+            .iter()
+            .any(|e| matches!(e, NodeEvent::Paused { .. })))),
+        "the trainers did not pause"
+    );
     let status = match request(&mut p, n0, Request::GetStatus).await {
         Response::Status(env) => open_status(
             &env,
@@ -204,25 +220,48 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
     let mut tampered = signed(&member, &manifest, r, base, &ok, 100);
     let last = tampered.payload.len() - 1;
     tampered.payload[last] ^= 1;
+    // Signed by two members, so that no sender has more than a node keeps waiting per round.
     let bad = [
         unsigned,
         signed(&outsider, &manifest, r, base, &ok, 100),
         tampered,
         signed(&member, &manifest, r + 7, base, &ok, 100),
         signed(
-            &member,
+            &probe_key,
             &manifest,
             r,
             nightshift_protocol::Hash32::of(&[b"elsewhere"]),
             &ok,
             100,
         ),
-        signed(&member, &manifest, r, base, &ok[1..], 100),
-        signed(&member, &manifest, r, base, &inf, 100),
+        signed(&probe_key, &manifest, r, base, &ok[1..], 100),
+        signed(&probe_key, &manifest, r, base, &inf, 100),
         signed_as(&member, &manifest, r, base, DeltaCodec::Fp32, &ok, 100),
     ];
+    // A node queues at most a few unhandled pushes per peer (it refuses more until it has
+    // handled them, as while it trains): push each until it is taken.
+    let mut queue_full = 0;
     for env in bad {
-        assert_eq!(request(&mut p, n0, Request::Push(env)).await, Response::Ack);
+        let taken = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            match request(&mut p, n0, Request::Push(env.clone())).await {
+                Response::Ack => break,
+                Response::Refused(why) if why.contains("waiting") => {
+                    queue_full += 1;
+                    assert!(tokio::time::Instant::now() < taken, "push never taken");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => panic!("unexpected answer to a push: {other:?}"),
+            }
+        }
+    }
+    println!("pushes refused while the queue was full: {queue_full}");
+    for i in 0..2 {
+        nightshift_tests::run_ok(&[
+            "resume",
+            "--data-dir",
+            swarm.dir.join(format!("node{i}")).to_str().unwrap(),
+        ]);
     }
 
     for n in &mut nodes {
