@@ -368,7 +368,14 @@ pub async fn replay(
     let round = base.round;
     let fetches = claim.formed_by.iter().map(|sender| {
         let held = known.get(sender).cloned();
-        let holders = claim.holders.clone();
+        // Ask the sender itself first when it holds the state too: every member serves its own
+        // contribution, and no single holder serves them all.
+        let mut holders = claim.holders.clone();
+        if let Some(own) = crate::net::peer_id_of(sender)
+            && let Some(i) = holders.iter().position(|h| *h == own)
+        {
+            holders.swap(0, i);
+        }
         let net = net.clone();
         let sender = *sender;
         async move {
