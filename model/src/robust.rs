@@ -4,22 +4,36 @@
 //!
 //! Every function here is plain arithmetic over the given contributions in the given order, with
 //! f64 accumulation and medians taken by a total order, so every node that aggregates the same
-//! contributions gets the same bits (the swarm's state hash depends on it).
+//! contributions gets the same bits (the swarm's state hash depends on it). Coordinates are
+//! worked on in parallel; sums over coordinates add fixed chunks in order, so the bits do not
+//! depend on the number of threads.
 //!
 //! Centered clipping first bounds each contribution's L2 norm by [`NORM_BOUND_MULT`] times
 //! the round's median norm: a contribution scaled up a hundredfold counts as one of ordinary
 //! size pointing its way, and no single one can dominate the round.
 
 use crate::WeightedDelta;
+use rayon::prelude::*;
 
 /// A contribution's norm is bounded by this many times the round's median norm.
 pub const NORM_BOUND_MULT: f64 = 2.0;
 
+/// Coordinates per parallel chunk. Sums over all coordinates add the chunks' partial sums in
+/// chunk order, so the result depends on this constant, never on the number of threads: every
+/// node gets the same bits.
+const CHUNK: usize = 1 << 14;
+
+/// Σ f(i) over the coordinates `0..len`, in fixed chunks, partial sums added in order.
+fn chunked_sum(len: usize, f: impl Fn(usize) -> f64 + Sync) -> f64 {
+    let partials: Vec<f64> = (0..len.div_ceil(CHUNK))
+        .into_par_iter()
+        .map(|c| (c * CHUNK..((c + 1) * CHUNK).min(len)).map(&f).sum::<f64>())
+        .collect();
+    partials.iter().sum()
+}
+
 fn norm(x: &[f32]) -> f64 {
-    x.iter()
-        .map(|v| (*v as f64) * (*v as f64))
-        .sum::<f64>()
-        .sqrt()
+    chunked_sum(x.len(), |i| (x[i] as f64) * (x[i] as f64)).sqrt()
 }
 
 /// The median of `v` (the mean of the two middle values for an even count); `v` is reordered.
@@ -56,12 +70,12 @@ pub fn bound_norms(deltas: &[&[f32]]) -> Vec<Vec<f32>> {
     let norms: Vec<f64> = deltas.iter().map(|d| norm(d)).collect();
     let bound = NORM_BOUND_MULT * median(&mut norms.clone());
     deltas
-        .iter()
+        .par_iter()
         .zip(&norms)
         .map(|(d, &n)| {
             if n > bound && n > 0.0 {
                 let s = bound / n;
-                d.iter().map(|v| (*v as f64 * s) as f32).collect()
+                d.par_iter().map(|v| (*v as f64 * s) as f32).collect()
             } else {
                 d.to_vec()
             }
@@ -82,39 +96,51 @@ pub fn centered_clip(parts: &[WeightedDelta<'_>], clip_mult: f64, iters: u32) ->
     let raw: Vec<&[f32]> = parts.iter().map(|p| p.delta).collect();
     let xs = bound_norms(&raw);
     let k = xs.len();
-    // The coordinate-wise median as the starting center.
+    // The coordinate-wise median as the starting center (each coordinate on its own).
     let mut center = vec![0f64; len];
-    let mut col = vec![0f64; k];
-    for (j, c) in center.iter_mut().enumerate() {
-        for (slot, x) in col.iter_mut().zip(&xs) {
-            *slot = x[j] as f64;
-        }
-        *c = median(&mut col);
-    }
+    center
+        .par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(ci, out)| {
+            let mut col = vec![0f64; k];
+            for (jj, c) in out.iter_mut().enumerate() {
+                let j = ci * CHUNK + jj;
+                for (slot, x) in col.iter_mut().zip(&xs) {
+                    *slot = x[j] as f64;
+                }
+                *c = median(&mut col);
+            }
+        });
     for _ in 0..iters {
-        let mut dists: Vec<f64> = xs
+        let dists: Vec<f64> = xs
             .iter()
-            .map(|x| {
-                x.iter()
-                    .zip(&center)
-                    .map(|(a, c)| (*a as f64 - c).powi(2))
-                    .sum::<f64>()
-                    .sqrt()
-            })
+            .map(|x| chunked_sum(len, |j| (x[j] as f64 - center[j]).powi(2)).sqrt())
             .collect();
         let tau = clip_mult * median(&mut dists.clone());
         if tau.is_nan() || tau <= 0.0 {
             break; // every contribution sits on the center
         }
-        let mut step = vec![0f64; len];
-        for ((x, wi), d) in xs.iter().zip(&w).zip(&mut dists) {
-            let s = if *d > tau { tau / *d } else { 1.0 };
-            let f = wi * s;
-            step.iter_mut()
-                .zip(x.iter().zip(&center))
-                .for_each(|(st, (a, c))| *st += f * (*a as f64 - c));
-        }
-        center.iter_mut().zip(&step).for_each(|(c, s)| *c += s);
+        let factors: Vec<f64> = w
+            .iter()
+            .zip(&dists)
+            .map(|(wi, d)| wi * if *d > tau { tau / *d } else { 1.0 })
+            .collect();
+        // Every coordinate moves by its own weighted, clipped offsets, summed in sender order.
+        center
+            .par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(ci, out)| {
+                for (jj, c) in out.iter_mut().enumerate() {
+                    let j = ci * CHUNK + jj;
+                    let old = *c;
+                    let step: f64 = xs
+                        .iter()
+                        .zip(&factors)
+                        .map(|(x, f)| f * (x[j] as f64 - old))
+                        .sum();
+                    *c = old + step;
+                }
+            });
     }
     Some(center.into_iter().map(|c| c as f32).collect())
 }
@@ -210,6 +236,21 @@ mod tests {
         assert_eq!(b[1], xs[1]);
         assert!((norm(&b[3]) - 7.0).abs() < 1e-5, "{:?}", b[3]);
         assert!((b[3][0] / b[3][1] - 0.75).abs() < 1e-6, "direction kept");
+    }
+
+    #[test]
+    fn the_bits_do_not_depend_on_the_number_of_threads() {
+        // Long enough for several chunks.
+        let xs = honest(5, 3 * CHUNK + 17);
+        let p = parts(&xs, &[1.0, 2.0, 3.0, 1.0, 1.0]);
+        let on = |threads| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| (centered_clip(&p, 1.0, 3), weighted_average(&p)))
+        };
+        assert_eq!(on(1), on(4));
     }
 
     #[test]
