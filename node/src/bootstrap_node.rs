@@ -10,14 +10,14 @@ use ed25519_dalek::SigningKey;
 use libp2p::{Multiaddr, PeerId};
 use nightshift_protocol::message::Phase;
 use nightshift_protocol::{
-    Hash32, NodeRole, Request, SignedEnvelope, SignedManifest, StateSnapshot, Status, sign_status,
+    Hash32, NodeRole, SignedEnvelope, SignedManifest, StateSnapshot, Status, sign_status,
 };
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::net::{self, NetEvent, NetHandle, Served, StatusCheck};
 use crate::round::verify::{self, Held, Recipe, candidates, group_claims};
@@ -27,6 +27,8 @@ use crate::store::Store;
 const FOLLOW_TICK_MS: u64 = 500;
 /// How often it asks its peers for their statuses.
 const STATUS_REFRESH_SECS: u64 = 3;
+/// Time-out of one status announcement or look-up.
+const LOOKUP_TIMEOUT_SECS: u64 = 5;
 
 /// How to run a bootstrap node.
 pub struct BootstrapOptions {
@@ -237,31 +239,15 @@ impl Follower {
     }
 
     fn announce(&self) {
-        let env = self.signed_status();
-        if let Ok(mut s) = self.net.served.write() {
-            s.status = Some(env.clone());
-        }
-        for peer in self.connected.iter().copied() {
-            let net = self.net.clone();
-            let env = env.clone();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    net.request(peer, Request::Announce((*env).clone())),
-                )
-                .await;
-            });
-        }
+        self.net.announce_status(
+            self.signed_status(),
+            self.connected.iter().copied(),
+            Duration::from_secs(LOOKUP_TIMEOUT_SECS),
+        );
     }
 
     fn note(&mut self, peer: PeerId, status: Status) {
-        if self
-            .statuses
-            .get(&peer)
-            .is_none_or(|held| held.unix_ms <= status.unix_ms)
-        {
-            self.statuses.insert(peer, status);
-        }
+        net::note_newest(&mut self.statuses, peer, status);
     }
 
     fn on_event(&mut self, ev: NetEvent) {
@@ -287,27 +273,16 @@ impl Follower {
         let peers = self.net.connected().await;
         self.connected = peers.iter().copied().collect();
         self.statuses.retain(|p, _| peers.contains(p));
-        let asks = peers.into_iter().map(|p| {
-            let net = self.net.clone();
-            async move {
-                (
-                    p,
-                    tokio::time::timeout(
-                        Duration::from_secs(5),
-                        net.request(p, Request::GetStatus),
-                    )
-                    .await,
-                )
-            }
-        });
-        let now = net::unix_ms();
-        for (p, r) in futures::future::join_all(asks).await {
-            if let Ok(Ok(nightshift_protocol::Response::Status(env))) = r {
-                match self.status_check.open(&p, &env, now) {
-                    Ok(s) => self.note(p, s),
-                    Err(e) => debug!(peer = %p, reason = %e, "status refused"),
-                }
-            }
+        let answers = self
+            .net
+            .ask_statuses(
+                peers,
+                &self.status_check,
+                Duration::from_secs(LOOKUP_TIMEOUT_SECS),
+            )
+            .await;
+        for (p, s) in answers {
+            self.note(p, s);
         }
     }
 

@@ -28,6 +28,23 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Keeps `status` as `peer`'s in `book` unless the one held is newer (an older status arriving
+/// late, or replayed, changes nothing). Returns whether it was kept.
+pub fn note_newest(
+    book: &mut std::collections::HashMap<PeerId, Status>,
+    peer: PeerId,
+    status: Status,
+) -> bool {
+    if book
+        .get(&peer)
+        .is_some_and(|held| held.unix_ms > status.unix_ms)
+    {
+        return false;
+    }
+    book.insert(peer, status);
+    true
+}
+
 /// Checks the signed statuses peers send: signed by the very peer that sent it, for this swarm,
 /// by an admitted key (in a swarm with an allowlist), and close to this node's clock.
 #[derive(Clone, Debug)]

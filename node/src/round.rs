@@ -544,13 +544,12 @@ impl<B: AutodiffBackend> Driver<B> {
     /// Publishes the status to the served table and to every connected peer.
     async fn announce(&mut self, phase: Phase) {
         self.phase = phase;
-        let status = self.signed_status();
-        if let Ok(mut s) = self.net.served.write() {
-            s.status = Some(status.clone());
-        }
-        for peer in self.net.connected().await {
-            self.send_status(peer, status.clone());
-        }
+        let peers = self.net.connected().await;
+        self.net.announce_status(
+            self.signed_status(),
+            peers,
+            Duration::from_secs(LOOKUP_TIMEOUT_SECS),
+        );
         let (window, force) = match phase {
             Phase::Ready | Phase::Training | Phase::Collecting => (WindowState::Training, false),
             Phase::Syncing => (WindowState::Syncing, false),
@@ -561,36 +560,18 @@ impl<B: AutodiffBackend> Driver<B> {
         self.update_control_info(None);
     }
 
-    /// Tells `peer` our signed status in the background (best effort, bounded by a time-out).
-    fn send_status(&self, peer: PeerId, status: Arc<SignedEnvelope>) {
-        let net = self.net.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(LOOKUP_TIMEOUT_SECS),
-                net.request(peer, Request::Announce((*status).clone())),
-            )
-            .await;
-        });
-    }
-
     /// Records a checked status of `peer` unless we hold a newer one (an older status arriving
     /// late, or replayed, changes nothing).
     fn note_status(&mut self, peer: PeerId, status: Status) {
-        if self
-            .statuses
-            .get(&peer)
-            .is_some_and(|held| held.unix_ms > status.unix_ms)
-        {
-            return;
-        }
-        if status.phase == Phase::Training && status.role == NodeRole::Trainer {
-            self.round_started
-                .entry(status.round)
-                .or_insert_with(Instant::now);
-            let keep = status.round.saturating_sub(2);
+        let (training, round) = (
+            status.phase == Phase::Training && status.role == NodeRole::Trainer,
+            status.round,
+        );
+        if net::note_newest(&mut self.statuses, peer, status) && training {
+            self.round_started.entry(round).or_insert_with(Instant::now);
+            let keep = round.saturating_sub(2);
             self.round_started.retain(|r, _| *r >= keep);
         }
-        self.statuses.insert(peer, status);
     }
 
     fn trainer_peers(&self) -> Vec<(PeerId, &Status)> {
@@ -615,27 +596,16 @@ impl<B: AutodiffBackend> Driver<B> {
     async fn refresh_statuses(&mut self) {
         let peers = self.net.connected().await;
         self.connected.extend(peers.iter().copied());
-        let asks = peers.into_iter().map(|p| {
-            let net = self.net.clone();
-            async move {
-                (
-                    p,
-                    tokio::time::timeout(
-                        Duration::from_secs(LOOKUP_TIMEOUT_SECS),
-                        net.request(p, Request::GetStatus),
-                    )
-                    .await,
-                )
-            }
-        });
-        let now = net::unix_ms();
-        for (p, r) in futures::future::join_all(asks).await {
-            if let Ok(Ok(Response::Status(env))) = r {
-                match self.status_check.open(&p, &env, now) {
-                    Ok(s) => self.note_status(p, s),
-                    Err(e) => debug!(peer = %p, reason = %e, "status refused"),
-                }
-            }
+        let answers = self
+            .net
+            .ask_statuses(
+                peers,
+                &self.status_check,
+                Duration::from_secs(LOOKUP_TIMEOUT_SECS),
+            )
+            .await;
+        for (p, s) in answers {
+            self.note_status(p, s);
         }
     }
 
@@ -945,7 +915,11 @@ impl<B: AutodiffBackend> Driver<B> {
             }
             NetEvent::PeerConnected(peer) => {
                 self.connected.insert(peer);
-                self.send_status(peer, self.signed_status());
+                self.net.announce_status(
+                    self.signed_status(),
+                    [peer],
+                    Duration::from_secs(LOOKUP_TIMEOUT_SECS),
+                );
             }
             NetEvent::PeerDisconnected(peer) => {
                 self.connected.remove(&peer);

@@ -26,16 +26,16 @@ pub struct Probe {
 
 pub type ProbeSwarm = libp2p::Swarm<Probe>;
 
-/// A probe with identity `key` speaking the swarm protocols `kad_proto` and `rr_proto`, over
-/// pnet with `psk` when given.
-pub fn probe(
+/// A swarm with identity `key` on the stock transport (TCP, pnet with `psk` when given, noise,
+/// yamux) running the behaviour `make` builds.
+///
+/// # Panics
+/// When the transport or behaviour cannot be built (a test set-up error).
+pub fn build<B: NetworkBehaviour>(
     key: identity::Keypair,
     psk: Option<[u8; 32]>,
-    kad_proto: &str,
-    rr_proto: &str,
-) -> ProbeSwarm {
-    let kad_proto = StreamProtocol::try_from_owned(kad_proto.to_string()).expect("kad protocol");
-    let rr_proto = StreamProtocol::try_from_owned(rr_proto.to_string()).expect("rr protocol");
+    make: impl FnOnce(&identity::Keypair) -> B,
+) -> libp2p::Swarm<B> {
     let psk = psk.map(pnet::PreSharedKey::new);
     libp2p::SwarmBuilder::with_existing_identity(key)
         .with_tokio()
@@ -56,31 +56,57 @@ pub fn probe(
             },
         )
         .expect("transport")
-        .with_behaviour(|key| {
-            let id = key.public().to_peer_id();
-            let mut kad =
-                kad::Behaviour::with_config(id, MemoryStore::new(id), kad::Config::new(kad_proto));
-            kad.set_mode(Some(kad::Mode::Client));
-            Probe {
-                identify: identify::Behaviour::new(identify::Config::new(
-                    "/probe/1.0.0".into(),
-                    key.public(),
-                )),
-                ping: ping::Behaviour::new(
-                    ping::Config::new().with_interval(Duration::from_millis(200)),
-                ),
-                kad,
-                rr: request_response::Behaviour::with_codec(
-                    WireCodec::new(256 << 20, Arc::new(TrafficCounters::default())),
-                    [(rr_proto, ProtocolSupport::Full)],
-                    request_response::Config::default()
-                        .with_request_timeout(Duration::from_secs(30)),
-                ),
-            }
-        })
+        .with_behaviour(|key| make(key))
         .expect("behaviour")
         .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(60)))
         .build()
+}
+
+/// The probe's behaviours for identity `key` on the swarm protocols `kad_proto` (Kademlia as a
+/// client) and `rr_proto` (request-response with nightshift's frame codec, `rr_config`).
+pub fn behaviour(
+    key: &identity::Keypair,
+    kad_proto: StreamProtocol,
+    rr_proto: StreamProtocol,
+    rr_config: request_response::Config,
+) -> Probe {
+    let id = key.public().to_peer_id();
+    let mut kad =
+        kad::Behaviour::with_config(id, MemoryStore::new(id), kad::Config::new(kad_proto));
+    kad.set_mode(Some(kad::Mode::Client));
+    Probe {
+        identify: identify::Behaviour::new(identify::Config::new(
+            "/probe/1.0.0".into(),
+            key.public(),
+        )),
+        ping: ping::Behaviour::new(ping::Config::new().with_interval(Duration::from_millis(200))),
+        kad,
+        rr: request_response::Behaviour::with_codec(
+            WireCodec::new(256 << 20, Arc::new(TrafficCounters::default())),
+            [(rr_proto, ProtocolSupport::Full)],
+            rr_config,
+        ),
+    }
+}
+
+/// A probe with identity `key` speaking the swarm protocols `kad_proto` and `rr_proto`, over
+/// pnet with `psk` when given.
+pub fn probe(
+    key: identity::Keypair,
+    psk: Option<[u8; 32]>,
+    kad_proto: &str,
+    rr_proto: &str,
+) -> ProbeSwarm {
+    let kad_proto = StreamProtocol::try_from_owned(kad_proto.to_string()).expect("kad protocol");
+    let rr_proto = StreamProtocol::try_from_owned(rr_proto.to_string()).expect("rr protocol");
+    build(key, psk, |k| {
+        behaviour(
+            k,
+            kad_proto,
+            rr_proto,
+            request_response::Config::default().with_request_timeout(Duration::from_secs(30)),
+        )
+    })
 }
 
 /// Sends `req` to `peer` and drives the swarm until the answer (or a failure) comes back,

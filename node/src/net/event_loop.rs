@@ -220,6 +220,57 @@ impl NetHandle {
             .flatten()
     }
 
+    /// Serves `status` (our signed status) from now on and announces it to `peers` in the
+    /// background, each announcement bounded by `timeout` (best effort).
+    pub fn announce_status(
+        &self,
+        status: Arc<SignedEnvelope>,
+        peers: impl IntoIterator<Item = PeerId>,
+        timeout: Duration,
+    ) {
+        if let Ok(mut s) = self.served.write() {
+            s.status = Some(status.clone());
+        }
+        for peer in peers {
+            let net = self.clone();
+            let status = status.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(
+                    timeout,
+                    net.request(peer, Request::Announce((*status).clone())),
+                )
+                .await;
+            });
+        }
+    }
+
+    /// Asks every peer of `peers` for its status (each bounded by `timeout`) and returns those
+    /// that `check` accepts; refusals are logged.
+    pub async fn ask_statuses(
+        &self,
+        peers: Vec<PeerId>,
+        check: &super::StatusCheck,
+        timeout: Duration,
+    ) -> Vec<(PeerId, Status)> {
+        let asks = peers.into_iter().map(|p| async move {
+            (
+                p,
+                tokio::time::timeout(timeout, self.request(p, Request::GetStatus)).await,
+            )
+        });
+        let now = super::unix_ms();
+        let mut out = vec![];
+        for (p, r) in futures::future::join_all(asks).await {
+            if let Ok(Ok(Response::Status(env))) = r {
+                match check.open(&p, &env, now) {
+                    Ok(s) => out.push((p, s)),
+                    Err(e) => debug!(peer = %p, reason = %e, "status refused"),
+                }
+            }
+        }
+        out
+    }
+
     /// Addresses this node listens on, each ending in `/p2p/<id>`.
     pub async fn listen_addrs(&self) -> Vec<Multiaddr> {
         self.call(Command::ListenAddrs).await.unwrap_or_default()

@@ -24,26 +24,21 @@
 
 use ed25519_dalek::SigningKey;
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, StreamExt};
-use libp2p::core::transport::upgrade::Version;
-use libp2p::kad::{self, store::MemoryStore};
+use libp2p::kad;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::DialOpts;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{
-    Multiaddr, PeerId, StreamProtocol, Swarm, Transport, identify, noise, ping, pnet, tcp, yamux,
-};
-use nightshift_node::net::{
-    TrafficCounters, WireCodec, libp2p_keypair, protocol_names, public_key_of, unix_ms,
-};
+use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm};
+use nightshift_node::net::{libp2p_keypair, protocol_names, public_key_of, unix_ms};
 use nightshift_protocol::message::{MAX_CHUNK_BYTES, Phase};
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{
     Contribution, Hash32, NodeRole, PayloadKind, Request, Response, SignedEnvelope, SignedManifest,
     StateChunk, StateSnapshot, Status, delta, open_status, sign_status, wire,
 };
-use nightshift_tests::probe::{Probe, ProbeEvent};
+use nightshift_tests::probe::{self, Probe, ProbeEvent};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::PathBuf;
@@ -212,7 +207,7 @@ struct Attacker {
     raw: Toggle<request_response::Behaviour<RawCodec>>,
 }
 
-/// The swarm: the transport of `nightshift_tests::probe::probe`, with the raw behaviour beside it.
+/// The swarm: the probe's transport and behaviours, with the raw behaviour beside them.
 fn build_swarm(
     key: &SigningKey,
     psk: Option<[u8; 32]>,
@@ -224,63 +219,19 @@ fn build_swarm(
         .map_err(|e| format!("kad protocol: {e}"))?;
     let rr_proto = StreamProtocol::try_from_owned(rr_proto.to_string())
         .map_err(|e| format!("rr protocol: {e}"))?;
-    let psk = psk.map(pnet::PreSharedKey::new);
-    let swarm = libp2p::SwarmBuilder::with_existing_identity(libp2p_keypair(key))
-        .with_tokio()
-        .with_other_transport(
-            |key| -> Result<_, Box<dyn std::error::Error + Send + Sync>> {
-                let base = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
-                let maybe_private = match psk {
-                    Some(psk) => either::Either::Left(
-                        base.and_then(move |s, _| pnet::PnetConfig::new(psk).handshake(s)),
-                    ),
-                    None => either::Either::Right(base),
-                };
-                Ok(maybe_private
-                    .upgrade(Version::V1Lazy)
-                    .authenticate(noise::Config::new(key)?)
-                    .multiplex(yamux::Config::default())
-                    .timeout(Duration::from_secs(10)))
-            },
-        )
-        .map_err(|e| format!("transport: {e}"))?
-        .with_behaviour(|key| {
-            let id = key.public().to_peer_id();
-            let mut kad =
-                kad::Behaviour::with_config(id, MemoryStore::new(id), kad::Config::new(kad_proto));
-            kad.set_mode(Some(kad::Mode::Client));
-            let rr_config = request_response::Config::default()
-                .with_request_timeout(Duration::from_secs(30))
-                .with_max_concurrent_streams(256);
-            Attacker {
-                probe: Probe {
-                    identify: identify::Behaviour::new(identify::Config::new(
-                        "/probe/1.0.0".into(),
-                        key.public(),
-                    )),
-                    ping: ping::Behaviour::new(
-                        ping::Config::new().with_interval(Duration::from_millis(200)),
-                    ),
-                    kad,
-                    rr: request_response::Behaviour::with_codec(
-                        WireCodec::new(256 << 20, Arc::new(TrafficCounters::default())),
-                        [(rr_proto.clone(), ProtocolSupport::Full)],
-                        rr_config.clone(),
-                    ),
-                },
-                raw: Toggle::from(raw.then(|| {
-                    request_response::Behaviour::with_codec(
-                        RawCodec,
-                        [(rr_proto, ProtocolSupport::Outbound)],
-                        rr_config,
-                    )
-                })),
-            }
-        })
-        .map_err(|e| format!("behaviour: {e}"))?
-        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(60)))
-        .build();
-    Ok(swarm)
+    let rr_config = request_response::Config::default()
+        .with_request_timeout(Duration::from_secs(30))
+        .with_max_concurrent_streams(256);
+    Ok(probe::build(libp2p_keypair(key), psk, |k| Attacker {
+        probe: probe::behaviour(k, kad_proto, rr_proto.clone(), rr_config.clone()),
+        raw: Toggle::from(raw.then(|| {
+            request_response::Behaviour::with_codec(
+                RawCodec,
+                [(rr_proto, ProtocolSupport::Outbound)],
+                rr_config,
+            )
+        })),
+    }))
 }
 
 /// A small, fast, non-cryptographic generator for junk bytes.
