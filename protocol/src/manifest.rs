@@ -44,10 +44,9 @@ pub enum Aggregator {
 }
 
 impl Aggregator {
-    /// The default: centered clipping at the median offset with three iterations. With no
-    /// attacker it ends where the mean does (0.9999× over six runs); with 2 of 8 members
-    /// attacking, within 1.033× of the honest members alone (BENCHMARKS.md, the byzantine
-    /// table; a coordinate-wise trimmed mean and a clip at 1.5× were measured worse).
+    /// The default: centered clipping at the median offset with three iterations. Without an
+    /// attacker it ends where the mean does; with a minority attacking, close to the honest
+    /// members alone (measured in BENCHMARKS.md).
     pub const ROBUST: Aggregator = Aggregator::CenteredClip {
         clip_mult: 1.0,
         iters: 3,
