@@ -729,6 +729,7 @@ impl Setup {
                         sender,
                         Accepted {
                             sender,
+                            digest: nightshift_protocol::Hash32::default(),
                             tokens: weight,
                             train_loss: rep.mean_loss,
                             delta: sent,
@@ -1285,6 +1286,7 @@ mod tests {
                     [i as u8; 32],
                     Accepted {
                         sender: [i as u8; 32],
+                        digest: nightshift_protocol::Hash32::default(),
                         tokens: 100,
                         train_loss: 0.0,
                         delta: sent,

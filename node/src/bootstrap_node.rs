@@ -109,9 +109,9 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
     let recipe = Arc::new(Recipe::new(&opts.manifest, shapes));
     let mut served = Served::new(Some(opts.manifest.clone()));
     let bytes = net::encode_state(&genesis);
-    served.set_genesis(Arc::new(genesis), bytes);
+    served.set_genesis(genesis.hash(), bytes);
     let hash = state.hash();
-    served.set_state(Arc::new(state.clone()), hash, net::encode_state(&state));
+    served.set_state(hash, net::encode_state(&state));
     let served = Arc::new(RwLock::new(served));
     let max_frame = (4 * nightshift_protocol::delta::dense_bytes(n) + (1 << 20))
         .min(nightshift_protocol::MAX_MESSAGE_BYTES);
@@ -337,22 +337,12 @@ impl Follower {
             contributors = v.state.formed_by.len(),
             "following the swarm"
         );
-        self.state = v.state;
         self.hash = hash;
         self.prev = v.prev;
-        if let Err(e) = self.store.save_checkpoint(&self.state) {
-            warn!(error = %e, "cannot write checkpoint");
-        }
-        let state = Arc::new(self.state.clone());
-        let bytes = {
-            let st = state.clone();
-            tokio::task::spawn_blocking(move || net::encode_state(&st))
-                .await
-                .unwrap_or_default()
-        };
-        let round = self.state.round;
+        let round = v.state.round;
+        self.state =
+            crate::round::checkpoint_and_serve(&self.store, &self.net, v.state, hash).await;
         if let Ok(mut s) = self.net.served.write() {
-            s.set_state(state, hash, bytes);
             for env in v.envelopes {
                 s.contributions
                     .insert((env.header.round, env.header.sender), env);

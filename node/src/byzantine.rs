@@ -376,6 +376,7 @@ fn simulate(
                 sender,
                 Accepted {
                     sender,
+                    digest: nightshift_protocol::Hash32::default(),
                     tokens: rep.tokens,
                     train_loss: rep.mean_loss,
                     delta: sent.clone(),
@@ -396,6 +397,7 @@ fn simulate(
                 sender,
                 Accepted {
                     sender,
+                    digest: nightshift_protocol::Hash32::default(),
                     tokens,
                     train_loss: 0.0,
                     delta: d,

@@ -137,7 +137,10 @@ pub fn run_replay(a: ReplayArgs) -> anyhow::Result<ReplayReport> {
             phase: Phase::Collecting,
             round: base.round,
             state_hash: base_hash,
-            formed_by: keys.iter().map(|k| k.verifying_key().to_bytes()).collect(),
+            formed_by: envelopes
+                .iter()
+                .map(|e| nightshift_protocol::ContributionId::of(e))
+                .collect(),
             holding: keys.iter().map(|k| k.verifying_key().to_bytes()).collect(),
             unix_ms: 1_800_000_000_000,
         };

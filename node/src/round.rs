@@ -19,6 +19,8 @@ mod sync;
 pub mod verify;
 mod windows;
 
+pub(crate) use sync::checkpoint_and_serve;
+
 use windows::{device_info, spawn_availability_watch};
 
 use anyhow::{Context, bail};
@@ -341,8 +343,8 @@ impl<B: AutodiffBackend> Driver<B> {
         // Network.
         let mut served = Served::new(Some(manifest.clone()));
         let genesis_bytes = net::encode_state(&genesis);
-        served.set_genesis(Arc::new(genesis), genesis_bytes);
-        served.set_state(Arc::new(state.clone()), hash, net::encode_state(&state));
+        served.set_genesis(genesis.hash(), genesis_bytes);
+        served.set_state(hash, net::encode_state(&state));
         let served = Arc::new(RwLock::new(served));
         let max_frame = 2 * delta::dense_bytes(num_params) * 2 + (1 << 20);
         let admitted = m.admitted();
@@ -790,26 +792,31 @@ impl<B: AutodiffBackend> Driver<B> {
         self.announce(Phase::Ready).await;
     }
 
-    async fn checkpoint(&self) {
-        if let Err(e) = self.store.save_checkpoint(&self.state) {
-            warn!(error = %e, "cannot write checkpoint");
-        }
-        let state = Arc::new(self.state.clone());
-        let bytes = {
-            let st = state.clone();
-            tokio::task::spawn_blocking(move || net::encode_state(&st))
-                .await
-                .unwrap_or_default()
-        };
-        if let Ok(mut s) = self.net.served.write() {
-            s.set_state(state, self.hash, bytes);
-        }
+    /// Checkpoints the state to sled and serves it in chunks.
+    async fn checkpoint(&mut self) {
+        let state = std::mem::replace(
+            &mut self.state,
+            StateSnapshot {
+                round: 0,
+                params: vec![],
+                momentum: vec![],
+                formed_by: vec![],
+                noise: None,
+            },
+        );
+        self.state = sync::checkpoint_and_serve(&self.store, &self.net, state, self.hash).await;
     }
 
     /// Keeps a contribution for a round we have not reached yet (or that arrived while we were
     /// not collecting): a few per sender and round (as many as a peer may have queued), and no
     /// more than that many per member of the swarm (or [`MAX_STASHED`] in an open swarm).
     fn stash_push(&mut self, env: SignedEnvelope) {
+        // Only what its sender signed (and, in a private swarm, a member): a forged envelope
+        // naming another sender must not take that sender's place.
+        if let Err(e) = env.check_signer(self.recipe.allowlist.as_deref()) {
+            debug!(sender = %short(&env.header.sender), reason = %e, "early contribution refused");
+            return;
+        }
         let per_sender = net::MAX_QUEUED_PUSHES_PER_PEER;
         let max = self
             .recipe
@@ -928,11 +935,13 @@ impl<B: AutodiffBackend> Driver<B> {
         }
     }
 
-    /// Fetches `sender`'s contribution for the current round from `peer`.
+    /// Fetches `sender`'s contribution for the current round from `peer` (the one whose
+    /// [`SignedEnvelope::digest`] is `digest`, when given).
     async fn fetch_contribution(
         &mut self,
         peer: PeerId,
         sender: [u8; 32],
+        digest: Option<Hash32>,
         collected: &mut BTreeMap<[u8; 32], Accepted>,
     ) {
         let round = self.state.round;
@@ -943,7 +952,10 @@ impl<B: AutodiffBackend> Driver<B> {
         )
         .await;
         if let Ok(Ok(Response::Contribution(Some(env)))) = r {
-            if env.header.sender != sender || env.header.round != round {
+            if env.header.sender != sender
+                || env.header.round != round
+                || digest.is_some_and(|d| d != env.digest())
+            {
                 warn!(%peer, "peer answered with a different contribution than asked for");
                 return;
             }
@@ -1147,6 +1159,7 @@ impl<B: AutodiffBackend> Driver<B> {
             self.me,
             Accepted {
                 sender: self.me,
+                digest: env.digest(),
                 tokens: report.tokens,
                 train_loss: report.mean_loss,
                 delta: sent,
@@ -1251,7 +1264,7 @@ impl<B: AutodiffBackend> Driver<B> {
                     for (p, k) in wanted {
                         let direct = net::peer_id_of(&k).is_some_and(|id| self.connected.contains(&id));
                         if !collected.contains_key(&k) && (patient || !direct) {
-                            self.fetch_contribution(p, k, &mut collected).await;
+                            self.fetch_contribution(p, k, None, &mut collected).await;
                         }
                     }
                 }
@@ -1269,27 +1282,33 @@ impl<B: AutodiffBackend> Driver<B> {
         // MAX_RECONCILE_FETCHES in all, within RECONCILE_SECS.
         self.refresh_statuses().await;
         let members = self.recipe.allowlist.clone();
-        let mut wanted: Vec<(PeerId, [u8; 32])> = self
+        // What each peer holds for this round (any of a sender's contributions), or the very
+        // contributions that formed its next state.
+        let mut wanted: Vec<(PeerId, [u8; 32], Option<Hash32>)> = self
             .trainer_peers()
             .iter()
             .flat_map(|(p, s)| {
-                let set = if s.round == r {
-                    &s.holding
+                let listed: Vec<([u8; 32], Option<Hash32>)> = if s.round == r {
+                    s.holding.iter().map(|k| (*k, None)).collect()
                 } else if s.round == r + 1 {
-                    &s.formed_by
+                    s.formed_by
+                        .iter()
+                        .map(|id| (id.sender, Some(id.digest)))
+                        .collect()
                 } else {
-                    return vec![];
+                    vec![]
                 };
-                set.iter()
-                    .filter(|k| !collected.contains_key(*k))
-                    .filter(|k| members.as_ref().is_none_or(|m| m.contains(k)))
-                    .map(|k| (*p, *k))
+                listed
+                    .into_iter()
+                    .filter(|(k, _)| !collected.contains_key(k))
+                    .filter(|(k, _)| members.as_ref().is_none_or(|m| m.contains(k)))
+                    .map(|(k, d)| (*p, k, d))
                     .collect::<Vec<_>>()
             })
             .collect();
         wanted.truncate(MAX_RECONCILE_FETCHES + members.as_ref().map_or(0, Vec::len));
         let reconcile_until = Instant::now() + Duration::from_secs(RECONCILE_SECS);
-        for (p, k) in wanted {
+        for (p, k, digest) in wanted {
             if Instant::now() >= reconcile_until {
                 warn!(
                     round = r,
@@ -1298,7 +1317,7 @@ impl<B: AutodiffBackend> Driver<B> {
                 break;
             }
             if !collected.contains_key(&k) {
-                self.fetch_contribution(p, k, &mut collected).await;
+                self.fetch_contribution(p, k, digest, &mut collected).await;
             }
         }
 

@@ -7,6 +7,8 @@
 //! disk. A value that does not decode (which sled's own checksums should prevent) is skipped in
 //! favour of the next older one.
 
+#[cfg(test)]
+use nightshift_protocol::Hash32;
 use nightshift_protocol::{SignedManifest, StateSnapshot, WIRE_VERSION, wire};
 use std::path::Path;
 use thiserror::Error;
@@ -179,22 +181,30 @@ impl Store {
     /// # Errors
     /// On storage failure; the previous checkpoints are then still in place.
     pub fn save_checkpoint(&self, s: &StateSnapshot) -> Result<(), StoreError> {
+        self.save_encoded_checkpoint(s.round, &wire::encode(s))
+    }
+
+    /// [`Store::save_checkpoint`] for a state already encoded (`wire::encode`) as `bytes`.
+    ///
+    /// # Errors
+    /// On storage failure; the previous checkpoints are then still in place.
+    pub fn save_encoded_checkpoint(&self, round: u64, bytes: &[u8]) -> Result<(), StoreError> {
         let tree = self.db.open_tree(TREE_CHECKPOINTS)?;
-        tree.insert(s.round.to_be_bytes(), wire::encode(s))?;
+        tree.insert(round.to_be_bytes(), bytes)?;
         tree.flush()?;
         // A newer round may already be on disk (after a repair to an older canonical round the
         // newest is ours again): prune by position, never the one just written.
         let keys: Vec<sled::IVec> = tree.iter().keys().collect::<Result<_, _>>()?;
         let excess = keys.len().saturating_sub(KEEP_CHECKPOINTS);
         for k in keys.iter().take(excess) {
-            if k.as_ref() != s.round.to_be_bytes() {
+            if k.as_ref() != round.to_be_bytes() {
                 tree.remove(k)?;
             }
         }
         // A repair can go back to an older round: newer, diverged checkpoints must not win.
         for k in keys
             .iter()
-            .filter(|k| k.as_ref() > &s.round.to_be_bytes()[..])
+            .filter(|k| k.as_ref() > &round.to_be_bytes()[..])
         {
             tree.remove(k)?;
         }
@@ -279,7 +289,10 @@ mod tests {
             round: 4,
             params: vec![1.0, 2.0],
             momentum: vec![0.5, 0.0],
-            formed_by: vec![[1; 32]],
+            formed_by: vec![nightshift_protocol::ContributionId {
+                sender: [1; 32],
+                digest: Hash32::of(&[b"c"]),
+            }],
             noise: Some(1.25),
         };
         {

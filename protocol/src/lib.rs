@@ -25,8 +25,8 @@ pub use manifest::{
     psk_fingerprint,
 };
 pub use message::{
-    Contribution, MAX_EXPECTED, NodeRole, Request, Response, StateChunk, StateSnapshot, Status,
-    StatusError, WindowRecord, WindowState, open_status, sign_status,
+    Contribution, ContributionId, MAX_EXPECTED, NodeRole, Request, Response, StateChunk,
+    StateSnapshot, Status, StatusError, WindowRecord, WindowState, open_status, sign_status,
 };
 pub use signed::{Expectation, PayloadKind, SignedEnvelope, VerifyError};
 pub use wire::{DecodeError, WIRE_VERSION};

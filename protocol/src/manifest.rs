@@ -393,6 +393,13 @@ impl SignedManifest {
         if m.allowlist.len() > MAX_MEMBERS || m.bootstraps.len() > MAX_BOOTSTRAPS {
             return bad("too many members or bootstrap keys");
         }
+        let distinct = |keys: &[[u8; 32]]| {
+            keys.iter().collect::<std::collections::BTreeSet<_>>().len() == keys.len()
+        };
+        if !distinct(&m.allowlist) || !distinct(&m.bootstraps) {
+            // A quorum counts distinct members: a key listed twice would count for two.
+            return bad("a key is listed twice among the members or the bootstrap keys");
+        }
         if m.allowlist.is_empty() {
             if m.attest_quorum != 0 {
                 return bad("an open swarm has no attestation quorum (only bootstraps attest)");
@@ -523,6 +530,11 @@ pub(crate) mod tests {
         );
         m.attest_quorum = 2;
         assert!(m.clone().sign(&key).verify().is_ok());
+        let mut twice = m.clone();
+        twice.allowlist = vec![[1; 32], [1; 32]];
+        assert!(
+            matches!(twice.sign(&key).verify(), Err(ManifestError::Invalid(e)) if e.contains("twice"))
+        );
         assert_eq!(
             m.admitted().unwrap(),
             vec![[1; 32], [2; 32], [8; 32]],

@@ -43,8 +43,8 @@ pub struct Status {
     pub round: u64,
     /// Hash of θ(round) and the outer-optimizer state ([`StateSnapshot::hash`]).
     pub state_hash: Hash32,
-    /// Senders whose contributions formed θ(round) (empty for round 0).
-    pub formed_by: Vec<[u8; 32]>,
+    /// The contributions that formed θ(round) (empty for round 0).
+    pub formed_by: Vec<ContributionId>,
     /// Senders whose verified contributions for `round` this node holds so far.
     pub holding: Vec<[u8; 32]>,
     /// When the status was signed (Unix milliseconds): a receiver refuses one from too far in
@@ -56,12 +56,32 @@ pub struct Status {
 /// Largest number of senders a status may list in `formed_by` or `holding`.
 pub const MAX_LISTED: usize = MAX_EXPECTED as usize;
 
+/// One contribution, named exactly: its sender and the digest of what it signed
+/// ([`SignedEnvelope::digest`]). A state lists the contributions that formed it this way, so a
+/// node replaying it uses those very contributions even when a sender signed two different ones
+/// for the round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ContributionId {
+    pub sender: [u8; 32],
+    pub digest: Hash32,
+}
+
+impl ContributionId {
+    /// The id of `env`.
+    pub fn of(env: &SignedEnvelope) -> Self {
+        ContributionId {
+            sender: env.header.sender,
+            digest: env.digest(),
+        }
+    }
+}
+
 /// How far a status's time stamp may lie from the receiver's clock (10 minutes): statuses are
 /// bound to time so that an old one cannot be replayed as current.
 pub const MAX_STATUS_SKEW_MS: u64 = 10 * 60 * 1000;
 
-/// Largest encoded status: two full sender lists and the fixed fields.
-pub const MAX_STATUS_BYTES: usize = 2 * MAX_LISTED * 33 + 256;
+/// Largest encoded status: full `formed_by` and `holding` lists and the fixed fields.
+pub const MAX_STATUS_BYTES: usize = MAX_LISTED * (66 + 33) + 256;
 
 /// Why a status was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -169,8 +189,9 @@ pub struct StateSnapshot {
     pub round: u64,
     pub params: Vec<f32>,
     pub momentum: Vec<f32>,
-    /// Senders whose contributions formed this state.
-    pub formed_by: Vec<[u8; 32]>,
+    /// The contributions that formed this state (not covered by its hash: a node that adopts a
+    /// state checks this list against the claim it verified).
+    pub formed_by: Vec<ContributionId>,
     /// The running noise ratio of one contribution (spread around the round's mean over the
     /// mean's signal), which sizes the step of a round short of contributions; `None` until a
     /// round with two or more contributions.
@@ -393,7 +414,10 @@ mod tests {
         assert_ne!(s.hash(), t.hash());
         // formed_by is metadata, not state.
         let mut t = s.clone();
-        t.formed_by.push([1; 32]);
+        t.formed_by.push(ContributionId {
+            sender: [1; 32],
+            digest: Hash32::default(),
+        });
         assert_eq!(s.hash(), t.hash());
         // The noise ratio sizes later steps: it is state.
         let mut t = s.clone();
@@ -445,7 +469,16 @@ mod tests {
             phase: Phase::Ready,
             round,
             state_hash: Hash32::of(&[b"theta"]),
-            formed_by: vec![[1; 32], [2; 32]],
+            formed_by: vec![
+                ContributionId {
+                    sender: [1; 32],
+                    digest: Hash32::of(&[b"a"]),
+                },
+                ContributionId {
+                    sender: [2; 32],
+                    digest: Hash32::of(&[b"b"]),
+                },
+            ],
             holding: vec![],
             unix_ms: 1_700_000_000_000,
         }

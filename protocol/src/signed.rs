@@ -106,17 +106,18 @@ impl SignedEnvelope {
         }
     }
 
-    /// Checks the signature, then every binding in `expect`. Returns the payload on success.
+    /// What the signature covers, hashed: the same for every copy of this envelope and different
+    /// for any other envelope (another payload or header), whatever the signature bytes.
+    pub fn digest(&self) -> Hash32 {
+        Hash32::of(&[&signing_bytes(&self.header, &self.payload)])
+    }
+
+    /// Checks the signature alone (and, when given, that the sender is on `allowlist`): enough
+    /// to keep an envelope for a round not reached yet, whose other bindings cannot be checked.
     ///
     /// # Errors
-    /// The first reason the envelope is unacceptable; see [`VerifyError`].
-    pub fn verify(&self, expect: &Expectation<'_>) -> Result<&[u8], VerifyError> {
-        if self.payload.len() > expect.max_payload {
-            return Err(VerifyError::PayloadTooLarge {
-                len: self.payload.len(),
-                limit: expect.max_payload,
-            });
-        }
+    /// A malformed or wrong signature, a bad key, or a sender not on the allowlist.
+    pub fn check_signer(&self, allowlist: Option<&[[u8; 32]]>) -> Result<(), VerifyError> {
         let sig: [u8; 64] = self
             .signature
             .as_slice()
@@ -129,12 +130,29 @@ impl SignedEnvelope {
             &Signature::from_bytes(&sig),
         )
         .map_err(|_| VerifyError::BadSignature)?;
-        let h = &self.header;
-        if let Some(allow) = expect.allowlist
-            && !allow.contains(&h.sender)
+        if let Some(allow) = allowlist
+            && !allow.contains(&self.header.sender)
         {
-            return Err(VerifyError::NotAMember(hex::encode(&h.sender[..8])));
+            return Err(VerifyError::NotAMember(hex::encode(
+                &self.header.sender[..8],
+            )));
         }
+        Ok(())
+    }
+
+    /// Checks the signature, then every binding in `expect`. Returns the payload on success.
+    ///
+    /// # Errors
+    /// The first reason the envelope is unacceptable; see [`VerifyError`].
+    pub fn verify(&self, expect: &Expectation<'_>) -> Result<&[u8], VerifyError> {
+        if self.payload.len() > expect.max_payload {
+            return Err(VerifyError::PayloadTooLarge {
+                len: self.payload.len(),
+                limit: expect.max_payload,
+            });
+        }
+        self.check_signer(expect.allowlist)?;
+        let h = &self.header;
         if h.kind != expect.kind {
             return Err(VerifyError::WrongKind {
                 got: h.kind,
@@ -187,6 +205,28 @@ mod tests {
             allowlist: allow,
             max_payload: 1024,
         }
+    }
+
+    #[test]
+    fn a_digest_names_the_content_not_the_copy() {
+        let a = SignedEnvelope::sign(&key(1), header(3), b"delta".to_vec());
+        assert_eq!(a.digest(), a.clone().digest());
+        let b = SignedEnvelope::sign(&key(1), header(3), b"other".to_vec());
+        assert_ne!(
+            a.digest(),
+            b.digest(),
+            "two contributions of one sender differ"
+        );
+        let c = SignedEnvelope::sign(&key(1), header(4), b"delta".to_vec());
+        assert_ne!(a.digest(), c.digest());
+        assert!(a.check_signer(None).is_ok());
+        assert!(matches!(
+            a.check_signer(Some(&[key(2).verifying_key().to_bytes()])),
+            Err(VerifyError::NotAMember(_))
+        ));
+        let mut t = a.clone();
+        t.payload[0] ^= 1;
+        assert_eq!(t.check_signer(None), Err(VerifyError::BadSignature));
     }
 
     #[test]

@@ -34,8 +34,9 @@ use nightshift_protocol::message::{
 };
 use nightshift_protocol::signed::{EnvelopeHeader, Expectation, PayloadKind, SignedEnvelope};
 use nightshift_protocol::{
-    Aggregator, Contribution, DeltaCodec, EncodedDelta, Hash32, InnerOptimizer, MAX_MESSAGE_BYTES,
-    Manifest, ModelSpec, Request, Response, SignedManifest, TrainingSpec, WIRE_VERSION, wire,
+    Aggregator, Contribution, ContributionId, DeltaCodec, EncodedDelta, Hash32, InnerOptimizer,
+    MAX_MESSAGE_BYTES, Manifest, ModelSpec, Request, Response, SignedManifest, TrainingSpec,
+    WIRE_VERSION, wire,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -699,6 +700,17 @@ fn header(kind: PayloadKind, round: u64, base_hash: Hash32) -> EnvelopeHeader {
     }
 }
 
+/// Contribution ids of `senders`, each with a digest of its own.
+fn ids(senders: &[[u8; 32]]) -> Vec<ContributionId> {
+    senders
+        .iter()
+        .map(|&sender| ContributionId {
+            sender,
+            digest: Hash32::of(&[&sender, b"contribution"]),
+        })
+        .collect()
+}
+
 fn statuses() -> Vec<Status> {
     let keys: Vec<[u8; 32]> = (1..=5u8).map(|i| [i; 32]).collect();
     vec![
@@ -707,7 +719,7 @@ fn statuses() -> Vec<Status> {
             phase: Phase::Training,
             round: ROUND,
             state_hash: base(),
-            formed_by: keys[..3].to_vec(),
+            formed_by: ids(&keys[..3]),
             holding: keys[..1].to_vec(),
             unix_ms: NOW_MS - 1500,
         },
@@ -725,7 +737,7 @@ fn statuses() -> Vec<Status> {
             phase: Phase::Paused,
             round: 1_000_000,
             state_hash: base(),
-            formed_by: keys.clone(),
+            formed_by: ids(&keys),
             holding: keys,
             unix_ms: NOW_MS,
         },
@@ -765,7 +777,7 @@ fn snapshot(n: usize, noise: Option<f64>) -> StateSnapshot {
         round: ROUND,
         params: (0..n).map(|_| rng.normalish() * 0.02).collect(),
         momentum: (0..n).map(|_| rng.normalish() * 1e-4).collect(),
-        formed_by: members().to_vec(),
+        formed_by: ids(&members()),
         noise,
     }
 }
@@ -1166,7 +1178,7 @@ fn fuzz_status() {
                     if rng.chance(50) {
                         s.holding = vec![[5; 32]; n];
                     } else {
-                        s.formed_by = vec![[6; 32]; n];
+                        s.formed_by = ids(&vec![[6; 32]; n]);
                     }
                 }
                 3 | 4 => {
@@ -1519,7 +1531,7 @@ mod round_trips {
                     phase,
                     round,
                     state_hash: Hash32(h),
-                    formed_by,
+                    formed_by: ids(&formed_by),
                     holding,
                     unix_ms,
                 },

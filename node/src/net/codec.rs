@@ -2,8 +2,12 @@
 //!
 //! The length is checked before anything is allocated: against `max_frame`, and for a request
 //! against the bound of its kind (only a pushed contribution may be large). The buffers of
-//! frames being read share one byte budget, so many peers sending large frames at once wait
-//! for each other instead of exhausting memory.
+//! requests being read share one byte budget: a request that does not fit in what is left is
+//! refused at once (its stream dropped), so many peers sending large frames at once cannot
+//! exhaust memory, and peers that send slowly cannot make anyone wait. Responses answer our own
+//! requests, whose number and sizes the node bounds, and do not draw on the budget. Every
+//! stream, read and write, ends at the request time-out of the request-response behaviour
+//! (`REQUEST_TIMEOUT_SECS`), which is the read deadline.
 
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use libp2p::StreamProtocol;
@@ -96,14 +100,18 @@ async fn read_frame<T: AsyncRead + Unpin + Send>(
             "request of {n} bytes exceeds {MAX_SMALL_REQUEST_BYTES} for its kind"
         )));
     }
-    let kib = u32::try_from(n.div_ceil(1024))
-        .unwrap_or(u32::MAX)
-        .min(codec.budget_kib);
-    let _permit = codec
-        .budget
-        .acquire_many(kib)
-        .await
-        .map_err(|_| invalid("the node is shutting down".into()))?;
+    let _permit = if request {
+        let kib = u32::try_from(n.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(codec.budget_kib);
+        Some(codec.budget.try_acquire_many(kib).map_err(|_| {
+            invalid(format!(
+                "request of {n} bytes refused: the node is reading too many large requests"
+            ))
+        })?)
+    } else {
+        None
+    };
     let mut buf = vec![0u8; n];
     buf[..2].copy_from_slice(&head);
     io.read_exact(&mut buf[2..]).await?;
@@ -198,6 +206,7 @@ impl request_response::Codec for WireCodec {
 mod tests {
     use super::*;
     use nightshift_protocol::Hash32;
+    use std::time::Duration;
 
     fn codec(max: usize) -> WireCodec {
         WireCodec::new(max, Arc::new(TrafficCounters::default()))
@@ -239,5 +248,40 @@ mod tests {
         });
         let mut io = futures::io::Cursor::new(framed(&push, None));
         assert!(read_value::<Request, _>(&mut io, true, &c).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_request_that_does_not_fit_the_budget_is_refused_at_once_and_responses_pass() {
+        let c = codec(1 << 20);
+        // Peers holding the whole budget (large requests still being read).
+        let held = c
+            .budget
+            .clone()
+            .try_acquire_many_owned(c.budget_kib)
+            .unwrap();
+        let push = wire::encode(&Request::GetStateChunk {
+            hash: Hash32::default(),
+            offset: 0,
+            len: 1,
+        });
+        let mut io = futures::io::Cursor::new(framed(&push, None));
+        // Refused, not queued behind the slow readers (which would never finish here).
+        let err = tokio::time::timeout(
+            Duration::from_secs(60),
+            read_value::<Request, _>(&mut io, true, &c),
+        )
+        .await
+        .expect("a request that does not fit waits for nothing")
+        .unwrap_err();
+        assert!(err.to_string().contains("too many large requests"), "{err}");
+        // The answer to one of our own requests is read whatever the budget.
+        let res = wire::encode(&Response::Ack);
+        let mut io = futures::io::Cursor::new(framed(&res, None));
+        let r: Response = read_value(&mut io, false, &c).await.unwrap();
+        assert_eq!(r, Response::Ack);
+        drop(held);
+        let mut io = futures::io::Cursor::new(framed(&push, None));
+        assert!(read_value::<Request, _>(&mut io, true, &c).await.is_ok());
+        assert_eq!(c.budget.available_permits(), c.budget_kib as usize);
     }
 }

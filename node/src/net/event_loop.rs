@@ -43,10 +43,8 @@ pub struct Served {
     pub status: Option<Arc<SignedEnvelope>>,
     /// Verified contributions by (round, sender).
     pub contributions: HashMap<(u64, [u8; 32]), Arc<SignedEnvelope>>,
-    /// The node's current state.
-    pub state: Option<Arc<StateSnapshot>>,
-    /// The genesis state θ(0).
-    pub genesis: Option<Arc<StateSnapshot>>,
+    /// Hash of the genesis state θ(0), served as long as the node runs.
+    pub genesis: Option<Hash32>,
     pub manifest: Option<Arc<SignedManifest>>,
     /// Encoded states by hash (genesis and the current state), served in chunks to joiners.
     pub encoded: HashMap<Hash32, Arc<Vec<u8>>>,
@@ -58,26 +56,24 @@ impl Served {
         Served {
             status: None,
             contributions: HashMap::new(),
-            state: None,
             genesis: None,
             manifest: manifest.map(Arc::new),
             encoded: HashMap::new(),
         }
     }
 
-    /// Serves `genesis` as θ(0), whole and in chunks.
-    pub fn set_genesis(&mut self, genesis: Arc<StateSnapshot>, bytes: Arc<Vec<u8>>) {
-        self.encoded.insert(genesis.hash(), bytes);
-        self.genesis = Some(genesis);
+    /// Serves the genesis state θ(0) (hash `hash`, encoding `bytes`) in chunks.
+    pub fn set_genesis(&mut self, hash: Hash32, bytes: Arc<Vec<u8>>) {
+        self.encoded.insert(hash, bytes);
+        self.genesis = Some(hash);
     }
 
-    /// Serves `state` (whose hash is `hash` and encoding `bytes`) as the current state; the
-    /// previous current state stops being served, the genesis stays.
-    pub fn set_state(&mut self, state: Arc<StateSnapshot>, hash: Hash32, bytes: Arc<Vec<u8>>) {
-        let keep = self.genesis.as_ref().map(|g| g.hash());
+    /// Serves the state whose hash is `hash` and encoding `bytes` as the current state, in
+    /// chunks; the previous current state stops being served, the genesis stays.
+    pub fn set_state(&mut self, hash: Hash32, bytes: Arc<Vec<u8>>) {
+        let keep = self.genesis;
         self.encoded.retain(|h, _| Some(*h) == keep);
         self.encoded.insert(hash, bytes);
-        self.state = Some(state);
     }
 
     fn chunk(&self, hash: &Hash32, offset: u64, len: u32) -> Option<StateChunk> {
@@ -426,6 +422,8 @@ pub fn spawn_network(
         status_check,
         limits: PeerLimits::default(),
         inflight: HashMap::new(),
+        inflight_bytes: HashMap::new(),
+        inflight_total: 0,
         queued_pushes: HashMap::new(),
     };
     tokio::spawn(ev.run());
@@ -457,12 +455,17 @@ struct EventLoop {
     limits: PeerLimits,
     /// Inbound requests each peer has in flight (answered but not yet sent).
     inflight: HashMap<PeerId, HashSet<InboundRequestId>>,
+    /// Bytes of the large answers (state chunks) in flight, by request, and in all.
+    inflight_bytes: HashMap<InboundRequestId, u64>,
+    inflight_total: u64,
     /// Pushed contributions of each peer waiting in the round task's queue.
     queued_pushes: HashMap<PeerId, Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 /// Inbound requests one peer may have in flight at once; more are dropped unanswered.
 const MAX_INFLIGHT_PER_PEER: usize = 8;
+/// State chunks being sent, in bytes over every peer; more chunk requests are refused for now.
+const MAX_INFLIGHT_CHUNK_BYTES: u64 = 256 << 20;
 
 impl EventLoop {
     fn admits(&self, peer: &PeerId) -> bool {
@@ -598,7 +601,13 @@ impl EventLoop {
                 ..
             } => {
                 debug!(peer = %peer_id, "disconnected");
-                self.inflight.remove(&peer_id);
+                if let Some(ids) = self.inflight.remove(&peer_id) {
+                    for id in ids {
+                        if let Some(b) = self.inflight_bytes.remove(&id) {
+                            self.inflight_total = self.inflight_total.saturating_sub(b);
+                        }
+                    }
+                }
                 self.limits.forget(&peer_id);
                 self.queued_pushes.remove(&peer_id);
                 self.forward(NetEvent::PeerDisconnected(peer_id));
@@ -767,6 +776,9 @@ impl EventLoop {
     }
 
     fn done_inbound(&mut self, peer: PeerId, id: InboundRequestId) {
+        if let Some(b) = self.inflight_bytes.remove(&id) {
+            self.inflight_total = self.inflight_total.saturating_sub(b);
+        }
         if let Some(set) = self.inflight.get_mut(&peer) {
             set.remove(&id);
             if set.is_empty() {
@@ -834,7 +846,14 @@ impl EventLoop {
                 }
                 Response::Ack
             }
+            Request::GetStateChunk { .. } if self.inflight_total >= MAX_INFLIGHT_CHUNK_BYTES => {
+                Response::Refused("busy: too many state chunks in flight; ask again".into())
+            }
             other => self.answer(other),
+        };
+        let chunk_bytes = match &response {
+            Response::StateChunk(Some(c)) => c.bytes.len() as u64,
+            _ => 0,
         };
         if self
             .swarm
@@ -846,6 +865,10 @@ impl EventLoop {
             debug!(%peer, "peer went away before the response was sent");
         } else {
             self.inflight.entry(peer).or_default().insert(id);
+            if chunk_bytes > 0 {
+                self.inflight_bytes.insert(id, chunk_bytes);
+                self.inflight_total += chunk_bytes;
+            }
         }
     }
 
@@ -864,16 +887,10 @@ impl EventLoop {
                     .get(&(round, sender))
                     .map(|e| (**e).clone()),
             ),
-            Request::GetState { round: Some(0) } => {
-                Response::State(served.genesis.as_ref().map(|s| (**s).clone()))
+            // A whole state in one frame would copy it for every asker: states go in chunks.
+            Request::GetState { .. } => {
+                Response::Refused("states are served in chunks (GetStateChunk)".into())
             }
-            Request::GetState { round } => Response::State(
-                served
-                    .state
-                    .as_ref()
-                    .filter(|s| round.is_none_or(|r| r == s.round))
-                    .map(|s| (**s).clone()),
-            ),
             Request::GetManifest => {
                 Response::Manifest(served.manifest.as_ref().map(|m| Box::new((**m).clone())))
             }

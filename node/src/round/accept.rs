@@ -16,6 +16,8 @@ use thiserror::Error;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Accepted {
     pub sender: [u8; 32],
+    /// [`SignedEnvelope::digest`] of the envelope it came in (the default in simulations).
+    pub digest: Hash32,
     pub tokens: u64,
     pub train_loss: f32,
     pub delta: Vec<f32>,
@@ -106,6 +108,7 @@ pub fn accept(ctx: &RoundContext<'_>, env: &SignedEnvelope) -> Result<Accepted, 
     let delta = delta::decode_shaped(&c.delta, ctx.num_params, ctx.shapes)?;
     Ok(Accepted {
         sender: env.header.sender,
+        digest: env.digest(),
         tokens: c.tokens,
         train_loss: c.train_loss,
         delta,
@@ -400,6 +403,7 @@ mod tests {
                 [i; 32],
                 Accepted {
                     sender: [i; 32],
+                    digest: Hash32::default(),
                     tokens,
                     train_loss: 0.0,
                     delta: d.to_vec(),
@@ -565,6 +569,7 @@ mod tests {
                 let sender = [i as u8; 32];
                 let a = Accepted {
                     sender,
+                    digest: Hash32::default(),
                     tokens: 1000,
                     train_loss: 0.0,
                     delta: d.to_vec(),

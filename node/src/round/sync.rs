@@ -3,21 +3,59 @@
 use anyhow::bail;
 use libp2p::PeerId;
 use nightshift_protocol::message::MAX_CHUNK_BYTES;
-use nightshift_protocol::{Hash32, Request, Response, StateSnapshot, wire};
-use std::time::Duration;
+use nightshift_protocol::{ContributionId, Hash32, Request, Response, StateSnapshot, wire};
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::{LOOKUP_TIMEOUT_SECS, SYNC_CHUNK_BYTES};
 use crate::net::NetHandle;
 use crate::store::Store;
 
+/// Checkpoints `state` (whose hash is `hash`) to `store` and serves it in chunks, with one
+/// encoding for both, off the async threads; hands the state back.
+pub async fn checkpoint_and_serve(
+    store: &Store,
+    net: &NetHandle,
+    state: StateSnapshot,
+    hash: Hash32,
+) -> StateSnapshot {
+    let round = state.round;
+    let shared = std::sync::Arc::new(state);
+    let encoded = {
+        let s = shared.clone();
+        tokio::task::spawn_blocking(move || wire::encode(&*s))
+            .await
+            .ok()
+    };
+    // The encoding task held the only other reference, and has ended.
+    let state = std::sync::Arc::try_unwrap(shared).unwrap_or_else(|s| (*s).clone());
+    let Some(bytes) = encoded else {
+        warn!("cannot encode the state (shutting down?); not checkpointed");
+        return state;
+    };
+    if let Err(e) = store.save_encoded_checkpoint(round, &bytes) {
+        warn!(error = %e, "cannot write checkpoint");
+    }
+    if let Ok(mut s) = net.served.write() {
+        s.set_state(hash, std::sync::Arc::new(bytes));
+    }
+    state
+}
+
+/// Holders asked for chunks of one state before the download gives up.
+const MAX_HOLDERS_ASKED: usize = 8;
+/// The longest a state download may take.
+const STATE_DOWNLOAD_SECS: u64 = 1800;
+
 /// Downloads the encoded state `hash` of `round` (a model of `num_params` parameters) in chunks
 /// from `holders` (moving to the next holder when one fails), resuming a partial download left
-/// in `store`, and verifies it against `hash`. Returns the state, the peer that sent the last
-/// chunk, and the bytes fetched now.
+/// in `store`, and verifies it against `hash` and the contributions `formed_by` that the claim
+/// (which the hash does not cover) lists. Every chunk must be whole; a download that does not
+/// check is deleted, not resumed. Returns the state, the peer that sent the last chunk, and the
+/// bytes fetched now.
 ///
 /// # Errors
-/// When no holder serves the whole state, or it does not decode or hash to `hash`.
+/// When no holder serves the whole state in time, or it does not decode or check.
 pub async fn fetch_state(
     net: &NetHandle,
     store: &Store,
@@ -25,9 +63,11 @@ pub async fn fetch_state(
     holders: &[PeerId],
     round: u64,
     hash: Hash32,
+    formed_by: &[ContributionId],
 ) -> anyhow::Result<(StateSnapshot, PeerId, u64)> {
-    // An encoded state: round, two f32 vectors, and `formed_by` (at most one key per member).
-    let max_total = (8 * num_params + 32 * 65_536 + 1024) as u64;
+    // An encoded state: round, two f32 vectors, and `formed_by` (at most one id per member).
+    let max_total = (8 * num_params + 66 * 65_536 + 1024) as u64;
+    let until = Instant::now() + Duration::from_secs(STATE_DOWNLOAD_SECS);
     let mut buf = store.download(&hash.0).unwrap_or_default();
     if !buf.is_empty() {
         info!(
@@ -38,11 +78,14 @@ pub async fn fetch_state(
     let mut total: Option<u64> = None;
     let mut fetched = 0u64;
     let mut last_peer = None;
-    'peers: for &peer in holders {
+    'peers: for &peer in holders.iter().take(MAX_HOLDERS_ASKED) {
         loop {
             let offset = buf.len() as u64;
             if total.is_some_and(|t| offset >= t) {
                 break 'peers;
+            }
+            if Instant::now() >= until {
+                bail!("the state download took longer than {STATE_DOWNLOAD_SECS} s");
             }
             let r = tokio::time::timeout(
                 Duration::from_secs(LOOKUP_TIMEOUT_SECS * 6),
@@ -68,10 +111,13 @@ pub async fn fetch_state(
                 }
                 Err(_) => continue 'peers,
             };
+            // Whole chunks only: a holder trickling bytes is passed over.
+            let whole = (SYNC_CHUNK_BYTES.min(MAX_CHUNK_BYTES) as u64)
+                .min(chunk.total.saturating_sub(offset));
             let bad = chunk.offset != offset
                 || chunk.total > max_total
                 || total.is_some_and(|t| t != chunk.total)
-                || chunk.bytes.len() > SYNC_CHUNK_BYTES as usize
+                || chunk.bytes.len() as u64 != whole
                 || (chunk.bytes.is_empty() && offset < chunk.total)
                 || offset + chunk.bytes.len() as u64 > chunk.total;
             if bad {
@@ -94,6 +140,8 @@ pub async fn fetch_state(
         bail!("the download stopped at {} of {t} bytes", buf.len());
     }
     let n = num_params;
+    let mut expected = formed_by.to_vec();
+    expected.sort_unstable();
     let checked = tokio::task::spawn_blocking(move || {
         let s: StateSnapshot = wire::decode(&buf, max_total as usize)
             .map_err(|e| anyhow::anyhow!("the downloaded state does not decode: {e}"))?;
@@ -108,9 +156,15 @@ pub async fn fetch_state(
                 hash.short()
             );
         }
+        let mut listed = s.formed_by.clone();
+        listed.sort_unstable();
+        if listed != expected {
+            bail!("the downloaded state lists other contributions than the attested one");
+        }
         Ok(s)
     })
     .await?;
+    // Done, or not what was attested: either way the partial download is not resumed.
     let _ = store.clear_downloads();
     Ok((checked?, peer, fetched))
 }

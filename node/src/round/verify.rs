@@ -18,8 +18,8 @@
 use libp2p::PeerId;
 use nightshift_model::OuterOptimizer;
 use nightshift_protocol::{
-    Aggregator, DeltaCodec, Hash32, Request, Response, SignedEnvelope, SignedManifest,
-    StateSnapshot, Status,
+    Aggregator, ContributionId, DeltaCodec, Hash32, Request, Response, SignedEnvelope,
+    SignedManifest, StateSnapshot, Status,
 };
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -32,6 +32,10 @@ use crate::net::{NetHandle, public_key_of};
 
 /// Time-out of one contribution look-up while replaying.
 const FETCH_TIMEOUT_SECS: u64 = 10;
+/// Holders asked for one contribution before a replay gives up on it.
+const MAX_HOLDERS_ASKED: usize = 3;
+/// The longest a replay may spend fetching.
+const REPLAY_TIMEOUT_SECS: u64 = 60;
 /// Most contributions a round of an open swarm counts.
 pub const MAX_OPEN_CONTRIBUTORS: usize = 256;
 /// Most candidate states tried per alignment (each may cost a look-up per contribution).
@@ -86,6 +90,19 @@ impl Recipe {
             .map_or(MAX_OPEN_CONTRIBUTORS, Vec::len)
     }
 
+    /// Whether `claim` could be a state of this swarm at all: no more contributions than a round
+    /// counts, and in a swarm with an allowlist, only members' (the list is checked again by
+    /// the replay; this keeps a made-up list from costing look-ups or inflating a count).
+    pub fn plausible(&self, claim: &Claim) -> bool {
+        claim.formed_by.len() <= self.max_contributors()
+            && self.allowlist.as_ref().is_none_or(|members| {
+                claim
+                    .formed_by
+                    .iter()
+                    .all(|id| members.contains(&id.sender))
+            })
+    }
+
     /// What a contribution to the round that starts from `base` (whose hash is `base_hash`)
     /// must match.
     pub fn context(&self, round: u64, base_hash: Hash32) -> RoundContext<'_> {
@@ -121,7 +138,13 @@ impl Recipe {
             round: base.round + 1,
             params,
             momentum: outer.buf,
-            formed_by: set.keys().copied().collect(),
+            formed_by: set
+                .values()
+                .map(|a| ContributionId {
+                    sender: a.sender,
+                    digest: a.digest,
+                })
+                .collect(),
             noise: step.noise,
         };
         Some((state, step))
@@ -155,21 +178,20 @@ impl Recipe {
 pub struct Claim {
     pub round: u64,
     pub hash: Hash32,
-    /// Sorted, without repeats.
-    pub formed_by: Vec<[u8; 32]>,
+    /// Sorted by sender, one per sender.
+    pub formed_by: Vec<ContributionId>,
     pub holders: Vec<PeerId>,
     pub signers: Vec<[u8; 32]>,
 }
 
-/// Groups verified statuses into claims (one per round, hash and contributor set). A status
-/// that lists a contributor twice claims nothing.
+/// Groups verified statuses into claims (one per round, hash and contribution set). A status
+/// that lists a sender twice claims nothing.
 pub fn group_claims<'a>(statuses: impl IntoIterator<Item = (PeerId, &'a Status)>) -> Vec<Claim> {
     let mut out: Vec<Claim> = vec![];
     for (peer, s) in statuses {
         let mut formed = s.formed_by.clone();
         formed.sort_unstable();
-        formed.dedup();
-        if formed.len() != s.formed_by.len() {
+        if formed.windows(2).any(|w| w[0].sender == w[1].sender) {
             continue;
         }
         let Some(signer) = public_key_of(&peer) else {
@@ -205,9 +227,11 @@ pub fn preferred(a: (usize, Hash32), b: (usize, Hash32)) -> Ordering {
 /// How long a claim that failed to verify, and the peers that signed it, are left alone.
 pub const REJECT_SECS: u64 = 30;
 
-/// Claims that failed to verify lately, and their signers: neither is tried again for
-/// [`REJECT_SECS`], so a peer that keeps claiming made-up states (a new one every second) costs
-/// a node one failed verification per [`REJECT_SECS`], not one per round.
+/// Claims that failed to verify lately, and the signers of those that were at fault: neither is
+/// tried again for [`REJECT_SECS`], so a peer that keeps claiming made-up states (a new one every
+/// second) costs a node one failed verification per [`REJECT_SECS`], not one per round. A claim
+/// that failed only because a contribution could not be fetched leaves its signers in good
+/// standing.
 #[derive(Debug, Default)]
 pub struct Rejections {
     hashes: HashMap<Hash32, std::time::Instant>,
@@ -215,12 +239,15 @@ pub struct Rejections {
 }
 
 impl Rejections {
-    /// Notes that `claim` failed to verify.
-    pub fn note(&mut self, claim: &Claim) {
+    /// Notes that `claim` failed to verify: its hash, and when the claim itself was at fault
+    /// (not the network), its signers too.
+    pub fn note(&mut self, claim: &Claim, fault: bool) {
         let now = std::time::Instant::now();
         self.hashes.insert(claim.hash, now);
-        for s in &claim.signers {
-            self.signers.insert(*s, now);
+        if fault {
+            for s in &claim.signers {
+                self.signers.insert(*s, now);
+            }
         }
     }
 
@@ -244,12 +271,12 @@ impl Rejections {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Candidate {
     /// A state of our own round formed differently, preferred over ours: replay it from the
-    /// state before ours (or, failing that, adopt it if it is attested).
+    /// state before ours.
     Fork(Claim),
     /// A state one round ahead: replay it from ours.
     Ahead(Claim),
-    /// A state further ahead (or one we could not replay), vouched for by attestation:
-    /// download it and check its hash.
+    /// A state more than a round ahead, vouched for by attestation: download it and check its
+    /// hash and contribution list.
     Attested(Claim),
 }
 
@@ -270,8 +297,10 @@ pub struct Held {
 }
 
 /// The candidates worth trying, best first: forks of our round that the rules prefer over our
-/// state, then states one round ahead (most contributions first), then attested states further
-/// ahead (highest round first). Claims that `rejected` skips are left out.
+/// state, then states one round ahead (most contributions first), both to be replayed, then
+/// attested states more than one round ahead (highest round first). A state a node could replay
+/// is never taken on attestation: what fails to replay is not adopted, however many sign it.
+/// Claims that `rejected` skips, and implausible ones ([`Recipe::plausible`]), are left out.
 pub fn candidates(
     recipe: &Recipe,
     held: Held,
@@ -279,7 +308,7 @@ pub fn candidates(
     rejected: &Rejections,
 ) -> Vec<Candidate> {
     let key = |c: &Claim| (c.formed_by.len(), c.hash);
-    let fresh = |c: &&Claim| !rejected.skips(c) && c.hash != held.hash;
+    let fresh = |c: &&Claim| !rejected.skips(c) && c.hash != held.hash && recipe.plausible(c);
     let mut forks: Vec<&Claim> = claims
         .iter()
         .filter(fresh)
@@ -296,19 +325,13 @@ pub fn candidates(
     let mut far: Vec<&Claim> = claims
         .iter()
         .filter(fresh)
-        .filter(|c| c.round > held.round && recipe.attested(c))
+        .filter(|c| c.round > held.round + 1 && recipe.attested(c))
         .collect();
     far.sort_by(|a, b| b.round.cmp(&a.round).then(preferred(key(a), key(b))));
     let mut out: Vec<Candidate> = forks
         .iter()
         .map(|c| Candidate::Fork((*c).clone()))
         .collect();
-    out.extend(
-        forks
-            .iter()
-            .filter(|c| recipe.attested(c))
-            .map(|c| Candidate::Attested((*c).clone())),
-    );
     out.extend(ahead.iter().map(|c| Candidate::Ahead((*c).clone())));
     out.extend(far.iter().map(|c| Candidate::Attested((*c).clone())));
     out.truncate(MAX_CANDIDATES * 2);
@@ -328,8 +351,21 @@ pub enum ReplayError {
     Empty,
     #[error("replaying the round gives state {got}, not the claimed {claimed}")]
     Mismatch { got: String, claimed: String },
+    #[error("fetching the contributions took too long")]
+    TimedOut,
     #[error("replay task failed: {0}")]
     Task(String),
+}
+
+impl ReplayError {
+    /// Whether the claim itself is at fault (its contributions do not form it, or are not
+    /// acceptable), rather than the network (a contribution that could not be had in time).
+    pub fn is_fault(&self) -> bool {
+        !matches!(
+            self,
+            ReplayError::Unavailable(_) | ReplayError::TimedOut | ReplayError::Task(_)
+        )
+    }
 }
 
 /// A verified state and what verifying it took.
@@ -366,18 +402,22 @@ pub async fn replay(
         return Err(ReplayError::Empty);
     }
     let round = base.round;
-    let fetches = claim.formed_by.iter().map(|sender| {
-        let held = known.get(sender).cloned();
+    let fetches = claim.formed_by.iter().map(|id| {
+        let held = known
+            .get(&id.sender)
+            .filter(|e| ContributionId::of(e) == *id)
+            .cloned();
         // Ask the sender itself first when it holds the state too: every member serves its own
-        // contribution, and no single holder serves them all.
+        // contribution, and no single holder serves them all. A few holders at most.
         let mut holders = claim.holders.clone();
-        if let Some(own) = crate::net::peer_id_of(sender)
+        if let Some(own) = crate::net::peer_id_of(&id.sender)
             && let Some(i) = holders.iter().position(|h| *h == own)
         {
             holders.swap(0, i);
         }
+        holders.truncate(MAX_HOLDERS_ASKED);
         let net = net.clone();
-        let sender = *sender;
+        let id = *id;
         async move {
             if let Some(env) = held {
                 return Ok((env, 0u64));
@@ -385,24 +425,36 @@ pub async fn replay(
             for peer in holders {
                 let r = tokio::time::timeout(
                     Duration::from_secs(FETCH_TIMEOUT_SECS),
-                    net.request(peer, Request::GetContribution { round, sender }),
+                    net.request(
+                        peer,
+                        Request::GetContribution {
+                            round,
+                            sender: id.sender,
+                        },
+                    ),
                 )
                 .await;
+                // Only the very contribution the claim names: a holder serving another one of
+                // the sender's (or junk) is passed over for the next.
                 if let Ok(Ok(Response::Contribution(Some(env)))) = r
-                    && env.header.sender == sender
                     && env.header.round == round
+                    && ContributionId::of(&env) == id
                 {
                     let bytes = env.payload.len() as u64;
                     return Ok((Arc::new(env), bytes));
                 }
             }
-            Err(ReplayError::Unavailable(hex::encode(&sender[..6])))
+            Err(ReplayError::Unavailable(hex::encode(&id.sender[..6])))
         }
     });
-    let fetched: Vec<(Arc<SignedEnvelope>, u64)> = futures::future::join_all(fetches)
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
+    let fetched: Vec<(Arc<SignedEnvelope>, u64)> = tokio::time::timeout(
+        Duration::from_secs(REPLAY_TIMEOUT_SECS),
+        futures::future::join_all(fetches),
+    )
+    .await
+    .map_err(|_| ReplayError::TimedOut)?
+    .into_iter()
+    .collect::<Result<_, _>>()?;
     let claimed = claim.hash;
     tokio::task::spawn_blocking(move || {
         let fetched_bytes = fetched.iter().map(|(_, b)| b).sum();
@@ -506,7 +558,7 @@ pub async fn first_verified(
             Candidate::Ahead(_) => Some((Arc::new(current.0.clone()), current.1)),
             Candidate::Attested(_) => None,
         };
-        let outcome = match base {
+        let outcome: Result<Verified, (anyhow::Error, bool)> = match base {
             Some((base, base_hash)) => {
                 let held: HashMap<[u8; 32], Arc<SignedEnvelope>> = known
                     .iter()
@@ -524,7 +576,10 @@ pub async fn first_verified(
                         envelopes: r.envelopes,
                         replay_ms: Some(r.replay_ms),
                     })
-                    .map_err(anyhow::Error::from)
+                    .map_err(|e| {
+                        let fault = e.is_fault();
+                        (anyhow::Error::from(e), fault)
+                    })
             }
             None => super::sync::fetch_state(
                 net,
@@ -533,6 +588,7 @@ pub async fn first_verified(
                 &claim.holders,
                 claim.round,
                 claim.hash,
+                &claim.formed_by,
             )
             .await
             .map(|(state, from, bytes)| Verified {
@@ -543,13 +599,14 @@ pub async fn first_verified(
                 prev: None,
                 envelopes: vec![],
                 replay_ms: None,
-            }),
+            })
+            .map_err(|e| (e, false)),
         };
         match outcome {
             Ok(v) => return Some(v),
-            Err(e) => {
+            Err((e, fault)) => {
                 tracing::warn!(round = claim.round, hash = %claim.hash.short(), error = %e, "a claimed state did not verify; not adopting it");
-                rejected.note(&claim);
+                rejected.note(&claim, fault);
             }
         }
     }
@@ -582,7 +639,12 @@ mod tests {
         Claim {
             round,
             hash: Hash32::of(&[tag]),
-            formed_by: (0..formed as u8).map(|i| [i; 32]).collect(),
+            formed_by: (1..=formed as u8)
+                .map(|i| ContributionId {
+                    sender: [i; 32],
+                    digest: Hash32::of(&[&[i]]),
+                })
+                .collect(),
             holders: signers.iter().map(|_| PeerId::random()).collect(),
             signers: signers.to_vec(),
         }
@@ -655,6 +717,20 @@ mod tests {
         };
         assert!(matches!(
             replay_round(&r, &base, bh, envs.clone(), forged.hash()),
+            Err(ReplayError::Mismatch { .. })
+        ));
+        // The state names each contribution by its digest: a sender that signed two different
+        // contributions for the round (equivocation) cannot have its other one stand in.
+        let mut ids: Vec<ContributionId> = envs.iter().map(|e| ContributionId::of(e)).collect();
+        ids.sort_unstable();
+        assert_eq!(ok.state.formed_by, ids);
+        let other = vec![
+            envs[0].clone(),
+            contribution(2, 3, bh, &[0.3, 0.1, 0.0, 0.5]),
+        ];
+        assert_eq!(other[1].header.sender, envs[1].header.sender);
+        assert!(matches!(
+            replay_round(&r, &base, bh, other, honest.hash()),
             Err(ReplayError::Mismatch { .. })
         ));
         // The genesis relabelled as a later round is not either.
@@ -735,15 +811,20 @@ mod tests {
             c,
             vec![
                 Candidate::Fork(bigger_fork.clone()),
-                Candidate::Attested(bigger_fork),
                 Candidate::Ahead(next_big.clone()),
                 Candidate::Ahead(next_small.clone()),
                 Candidate::Attested(far.clone()),
             ]
         );
+        // However many members sign a fork or the next round, it is replayed, never taken on
+        // their word: only a claim too far ahead to replay can be attested.
+        assert!(
+            c.iter()
+                .all(|x| !matches!(x, Candidate::Attested(a) if a.round <= ours.round + 1))
+        );
         // A claim that failed to verify is not tried again.
         let mut rejected = Rejections::default();
-        rejected.note(&next_big);
+        rejected.note(&next_big, true);
         let c = candidates(&r, ours, &all, &rejected);
         assert!(
             !c.contains(&Candidate::Ahead(next_big)),
@@ -764,7 +845,11 @@ mod tests {
             .iter()
             .map(|k| crate::net::libp2p_keypair(k).public().to_peer_id())
             .collect();
-        let st = |formed: Vec<[u8; 32]>| Status {
+        let id = |i: u8| ContributionId {
+            sender: [i; 32],
+            digest: Hash32::of(&[&[i]]),
+        };
+        let st = |formed: Vec<ContributionId>| Status {
             role: NodeRole::Trainer,
             phase: Phase::Ready,
             round: 4,
@@ -773,12 +858,12 @@ mod tests {
             holding: vec![],
             unix_ms: 0,
         };
-        let a = st(vec![[2; 32], [1; 32]]);
-        let b = st(vec![[1; 32], [2; 32]]);
-        let dup = st(vec![[1; 32], [1; 32]]);
+        let a = st(vec![id(2), id(1)]);
+        let b = st(vec![id(1), id(2)]);
+        let dup = st(vec![id(1), id(1)]);
         let claims = group_claims([(peers[0], &a), (peers[1], &b), (peers[2], &dup)]);
         assert_eq!(claims.len(), 1);
         assert_eq!(claims[0].holders, vec![peers[0], peers[1]]);
-        assert_eq!(claims[0].formed_by, vec![[1; 32], [2; 32]]);
+        assert_eq!(claims[0].formed_by, vec![id(1), id(2)]);
     }
 }

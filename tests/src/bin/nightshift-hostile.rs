@@ -35,8 +35,8 @@ use nightshift_node::net::{libp2p_keypair, protocol_names, public_key_of, unix_m
 use nightshift_protocol::message::{MAX_CHUNK_BYTES, Phase};
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{
-    Contribution, Hash32, NodeRole, PayloadKind, Request, Response, SignedEnvelope, SignedManifest,
-    StateChunk, StateSnapshot, Status, delta, open_status, sign_status, wire,
+    Contribution, ContributionId, Hash32, NodeRole, PayloadKind, Request, Response, SignedEnvelope,
+    SignedManifest, StateChunk, StateSnapshot, Status, delta, open_status, sign_status, wire,
 };
 use nightshift_tests::probe::{self, Probe, ProbeEvent};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -288,6 +288,7 @@ struct Forged {
     round: u64,
     hash: Hash32,
     encoded: Arc<Vec<u8>>,
+    formed_by: Vec<ContributionId>,
 }
 
 struct Run {
@@ -463,7 +464,12 @@ impl Run {
             let mut wants: Vec<(u64, [u8; 32])> =
                 status.holding.iter().map(|k| (status.round, *k)).collect();
             if status.round > 0 {
-                wants.extend(status.formed_by.iter().map(|k| (status.round - 1, *k)));
+                wants.extend(
+                    status
+                        .formed_by
+                        .iter()
+                        .map(|id| (status.round - 1, id.sender)),
+                );
             }
             for w in wants {
                 if w.1 != self.me
@@ -505,19 +511,21 @@ impl Run {
             return (f.round, f.hash);
         }
         let n = self.num_params;
+        // Named by its digest, as an honest state names its contributions: the one we serve.
+        let own = ContributionId::of(&self.own_contribution(round.saturating_sub(1)));
         let state = match self.mode {
             Mode::Relabel => StateSnapshot {
                 round,
                 params: self.genesis.params.clone(),
                 momentum: self.genesis.momentum.clone(),
-                formed_by: vec![self.me],
+                formed_by: vec![own],
                 noise: self.genesis.noise,
             },
             _ => StateSnapshot {
                 round,
                 params: vec![0.0; n],
                 momentum: vec![0.0; n],
-                formed_by: vec![self.me],
+                formed_by: vec![own],
                 noise: None,
             },
         };
@@ -529,6 +537,7 @@ impl Run {
                 round,
                 hash,
                 encoded,
+                formed_by: state.formed_by,
             },
         );
         self.forged_log.push((round, hash));
@@ -559,12 +568,17 @@ impl Run {
             return;
         }
         let (round, hash) = self.forge(target);
+        let formed_by = self
+            .forged
+            .get(&hash)
+            .map(|f| f.formed_by.clone())
+            .unwrap_or_default();
         let status = Status {
             role: NodeRole::Trainer,
             phase: Phase::Ready,
             round,
             state_hash: hash,
-            formed_by: vec![self.me],
+            formed_by,
             holding: vec![],
             unix_ms: unix_ms(),
         };
