@@ -810,11 +810,16 @@ impl<B: AutodiffBackend> Driver<B> {
     /// Keeps a contribution for a round we have not reached yet (or that arrived while we were
     /// not collecting): a few per sender and round (as many as a peer may have queued), and no
     /// more than that many per member of the swarm (or [`MAX_STASHED`] in an open swarm).
-    fn stash_push(&mut self, env: SignedEnvelope) {
+    fn stash_push(&mut self, env: SignedEnvelope, from: PeerId) {
         // Only what its sender signed (and, in a private swarm, a member): a forged envelope
         // naming another sender must not take that sender's place.
         if let Err(e) = env.check_signer(self.recipe.allowlist.as_deref()) {
-            debug!(sender = %short(&env.header.sender), reason = %e, "early contribution refused");
+            warn!(%from, sender = %short(&env.header.sender), round = env.header.round, reason = %e, "contribution refused");
+            self.sink.emit(&NodeEvent::Refused {
+                round: self.state.round,
+                from: from.to_string(),
+                reason: e.to_string(),
+            });
             return;
         }
         let per_sender = net::MAX_QUEUED_PUSHES_PER_PEER;
@@ -842,7 +847,7 @@ impl<B: AutodiffBackend> Driver<B> {
     ) {
         let round = self.state.round;
         if env.header.round == round + 1 {
-            self.stash_push(env);
+            self.stash_push(env, from);
             return;
         }
         let duplicate = env.header.round == round && collected.contains_key(&env.header.sender);
@@ -912,7 +917,7 @@ impl<B: AutodiffBackend> Driver<B> {
                 Some(c) => self.consider(envelope, peer, c),
                 None => {
                     if envelope.header.round >= self.state.round {
-                        self.stash_push(envelope);
+                        self.stash_push(envelope, peer);
                     }
                 }
             },
