@@ -2,10 +2,11 @@
 //! compatibility with deployed nodes: bump `WIRE_VERSION` and update the vectors deliberately.
 
 use ed25519_dalek::SigningKey;
+use nightshift_protocol::message::Phase;
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{
-    Contribution, DeltaCodec, EncodedDelta, Hash32, PayloadKind, Request, SignedEnvelope, delta,
-    wire,
+    Contribution, ContributionId, DeltaCodec, EncodedDelta, Hash32, NodeRole, PayloadKind, Request,
+    SignedEnvelope, Status, delta, wire,
 };
 
 fn hex(b: &[u8]) -> String {
@@ -50,6 +51,27 @@ fn signed_envelope_encoding_is_frozen() {
 }
 
 #[test]
+fn status_encoding_is_frozen() {
+    // A state names its contributions by sender and envelope digest.
+    let s = Status {
+        role: NodeRole::Trainer,
+        phase: Phase::Collecting,
+        round: 9,
+        state_hash: Hash32::of(&[b"state"]),
+        formed_by: vec![ContributionId {
+            sender: [2; 32],
+            digest: Hash32::of(&[b"envelope"]),
+        }],
+        holding: vec![[3; 32]],
+        unix_ms: 1_700_000_000_000,
+    };
+    assert_eq!(
+        Hash32::of(&[&wire::encode(&s)]).to_hex(),
+        VECTOR_STATUS_SHA256
+    );
+}
+
+#[test]
 fn int8_body_layout_is_frozen() {
     // One block of 4 values: scale 0.5/127 (f32 LE) then q = [127, -127, 0, 64].
     let scale = 0.5f32 / 127.0;
@@ -64,6 +86,8 @@ fn int8_body_layout_is_frozen() {
     assert_eq!(out, vec![0.5, -0.5, 0.0, 64.0 * scale]);
 }
 const VECTOR_REQUEST: &str =
-    "0403fb2c010707070707070707070707070707070707070707070707070707070707070707";
+    "0503fb2c010707070707070707070707070707070707070707070707070707070707070707";
 const VECTOR_ENVELOPE_SHA256: &str =
-    "95402bebe2889ecc5a59209996942c2b8cb3734b977de8fe38e2741cba64645e";
+    "0ca8a295de156fcc24c67c97d0db922a8610845b1c3fd67ebe7d881b96c1d84c";
+const VECTOR_STATUS_SHA256: &str =
+    "9e08f484d51fe7711b32ad6647efccb7549816b760bc9c51d9538c0a1132a426";
