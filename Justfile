@@ -18,3 +18,8 @@ check:
 # Benchmarks recorded in BENCHMARKS.md.
 bench:
     bash scripts/bench.sh
+
+# The lab's benchmarks and experiments (convergence, churn, byzantine, replay, report).
+lab *ARGS:
+    cargo build --release -p nightshift-node -p nightshift-lab
+    ./target/release/nightshift-lab {{ARGS}}

@@ -50,9 +50,12 @@ pub enum Command {
     Status(ControlArgs),
     /// List the swarm's nodes with their advertised windows and state.
     Peers(PeersArgs),
-    /// Benchmarks (see BENCHMARKS.md).
-    #[command(subcommand)]
-    Bench(crate::bench::BenchCommand),
+    /// The benchmarks moved to `nightshift-lab` (this says how to run them).
+    #[command(hide = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        rest: Vec<String>,
+    },
     /// Write a new ed25519 identity key.
     Keygen {
         /// Where to write the key (JSON).
@@ -547,26 +550,11 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Resume(a) => control_command(&a, "resume").await,
         Command::Status(a) => control_command(&a, "status").await,
         Command::Peers(a) => crate::peers::run_peers(a).await,
-        Command::Bench(crate::bench::BenchCommand::Convergence(a)) => {
-            tokio::task::spawn_blocking(move || crate::bench::run_convergence(a)).await??;
-            Ok(())
-        }
-        Command::Bench(crate::bench::BenchCommand::Byzantine(a)) => {
-            tokio::task::spawn_blocking(move || crate::byzantine::run_byzantine(a)).await??;
-            Ok(())
-        }
-        Command::Bench(crate::bench::BenchCommand::Replay(a)) => {
-            tokio::task::spawn_blocking(move || crate::replay_bench::run_replay(a)).await??;
-            Ok(())
-        }
-        Command::Bench(crate::bench::BenchCommand::Report(a)) => {
-            crate::bench::run_report(a)?;
-            Ok(())
-        }
-        Command::Bench(crate::bench::BenchCommand::Churn(a)) => {
-            crate::churn::run_churn(a).await?;
-            Ok(())
-        }
+        Command::Bench { rest } => bail!(
+            "the benchmarks are not part of nightshift: run `nightshift-lab {}` (built by \
+             `cargo build --release -p nightshift-lab`)",
+            rest.join(" ")
+        ),
     }
 }
 

@@ -97,19 +97,44 @@ pub struct Report {
 }
 
 fn exe() -> anyhow::Result<PathBuf> {
-    std::env::current_exe().context("cannot find the nightshift executable")
+    nightshift_exe()
+}
+
+/// The `nightshift` executable that local swarms start: `$NIGHTSHIFT_BIN` when set, this very
+/// executable when it is `nightshift`, else the `nightshift` beside it (as `nightshift-lab`
+/// finds it in cargo's target directory).
+///
+/// # Errors
+/// When none of these exists.
+pub fn nightshift_exe() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("NIGHTSHIFT_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let me = std::env::current_exe().context("cannot find this executable")?;
+    let name = format!("nightshift{}", std::env::consts::EXE_SUFFIX);
+    if me.file_name().is_some_and(|n| n == name.as_str()) {
+        return Ok(me);
+    }
+    let beside = me.with_file_name(&name);
+    anyhow::ensure!(
+        beside.exists(),
+        "cannot find the nightshift executable beside {}: build it (`cargo build --release -p \
+         nightshift-node`) or set NIGHTSHIFT_BIN",
+        me.display()
+    );
+    Ok(beside)
 }
 
 /// Starts `nightshift bootstrap` for the manifest at `mpath` and waits for its address.
 /// Writes a new bootstrap key where `nightshift bootstrap` looks for it beside the manifest at
 /// `mpath`, and returns its public key (for the manifest's bootstrap list).
-pub(crate) fn new_bootstrap_key(mpath: &Path) -> anyhow::Result<[u8; 32]> {
+pub fn new_bootstrap_key(mpath: &Path) -> anyhow::Result<[u8; 32]> {
     let k = nightshift_bootstrap::generate_key()?;
     nightshift_bootstrap::write_key(&crate::cli::default_bootstrap_key(mpath), &k)?;
     Ok(k.verifying_key().to_bytes())
 }
 
-pub(crate) async fn start_bootstrap(
+pub async fn start_bootstrap(
     dir: &Path,
     mpath: &Path,
     started: Instant,
@@ -149,13 +174,13 @@ pub(crate) async fn start_bootstrap(
 }
 
 /// This machine's cores (1 when unknown).
-pub(crate) fn cores() -> usize {
+pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The arguments of `nightshift run` for local node `i` of a swarm kept in `dir`: its key
 /// `node<i>.key.json`, store `node<i>/` and events `node<i>.events.jsonl` there, on 127.0.0.1.
-pub(crate) fn local_node_args(dir: &Path, mpath: &Path, boot_addr: &str, i: usize) -> Vec<String> {
+pub fn local_node_args(dir: &Path, mpath: &Path, boot_addr: &str, i: usize) -> Vec<String> {
     let s = |p: &Path| p.display().to_string();
     vec![
         "run".into(),
@@ -175,7 +200,7 @@ pub(crate) fn local_node_args(dir: &Path, mpath: &Path, boot_addr: &str, i: usiz
 }
 
 /// Starts the binary with `args`, its output going to `log`; killed when dropped.
-pub(crate) fn spawn(args: &[String], log: &Path) -> anyhow::Result<Child> {
+pub fn spawn(args: &[String], log: &Path) -> anyhow::Result<Child> {
     let log =
         std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
     Command::new(exe()?)
@@ -561,7 +586,7 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     Ok(())
 }
 
-pub(crate) fn tempfile_dir() -> anyhow::Result<PathBuf> {
+pub fn tempfile_dir() -> anyhow::Result<PathBuf> {
     let d = std::env::temp_dir().join(format!(
         "nightshift-demo-{}-{}",
         std::process::id(),

@@ -12,17 +12,12 @@
 //! - [`peers`] — `nightshift peers`: the swarm's nodes and their advertised windows.
 //! - [`events`] — JSON-lines events for tools and tests.
 //! - [`plot`] — small SVG line charts.
-//! - [`replay_bench`] — `nightshift bench replay`: the cost of verifying a state by replay.
 //! - [`demo`] — `nightshift demo`: a local swarm of processes, its table, report and plot.
-//! - [`bench`] — `nightshift bench convergence`: DiLoCo against baselines, in one process.
-//! - [`byzantine`] — `nightshift bench byzantine`: robust aggregation under attack, in one process.
-//! - [`churn`] — `nightshift bench churn`: churning windows against stable swarms, as processes.
 //! - [`cli`] — the command-line interface.
+//!
+//! The benchmarks and experiments live in the `nightshift-lab` crate and binary (`lab/`).
 
-pub mod bench;
 pub mod bootstrap_node;
-pub mod byzantine;
-pub mod churn;
 pub mod cli;
 pub mod control;
 pub mod demo;
@@ -31,6 +26,5 @@ pub mod idle;
 pub mod net;
 pub mod peers;
 pub mod plot;
-pub mod replay_bench;
 pub mod round;
 pub mod store;

@@ -1,4 +1,4 @@
-//! `nightshift bench replay`: what verifying a state by replay costs a node — checking the
+//! `nightshift-lab replay`: what verifying a state by replay costs a node — checking the
 //! signatures and bounds of a round's contributions, decoding them, applying the aggregator and
 //! the outer step, and hashing the result ([`verify::replay_round`], the code a node runs) — and
 //! how large a signed status is.
@@ -21,10 +21,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::round::accept::Accepted;
-use crate::round::verify::{self, Recipe};
+use nightshift_node::round::accept::Accepted;
+use nightshift_node::round::verify::{self, Recipe};
 
-/// Flags of `nightshift bench replay`.
+/// Flags of `nightshift-lab replay`.
 #[derive(Args, Debug, Clone)]
 pub struct ReplayArgs {
     /// Model presets to measure.
@@ -164,10 +164,10 @@ pub fn run_replay(a: ReplayArgs) -> anyhow::Result<ReplayReport> {
             let set: BTreeMap<[u8; 32], Accepted> = envelopes
                 .iter()
                 .map(|e| {
-                    let acc = crate::round::accept::accept(&ctx, e)?;
+                    let acc = nightshift_node::round::accept::accept(&ctx, e)?;
                     Ok((acc.sender, acc))
                 })
-                .collect::<Result<_, crate::round::accept::Refusal>>()?;
+                .collect::<Result<_, nightshift_node::round::accept::Refusal>>()?;
             let claimed = recipe
                 .apply(&base, &set)
                 .context("nothing to apply")?

@@ -1,4 +1,4 @@
-//! `nightshift bench byzantine`: robust aggregation under attack.
+//! `nightshift-lab byzantine`: robust aggregation under attack.
 //!
 //! K workers train DiLoCo rounds in one process; some of them are malicious and send, each round,
 //! a contribution made to hurt (computed from the honest workers' deltas of that round: the
@@ -21,10 +21,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::bench::Setup;
-use crate::plot::{Series, line_chart};
-use crate::round::accept::{Accepted, encode_delta};
-use crate::round::verify::Recipe;
+use crate::convergence::Setup;
+use nightshift_node::plot::{Series, line_chart};
+use nightshift_node::round::accept::{Accepted, encode_delta};
+use nightshift_node::round::verify::Recipe;
 
 /// What a malicious worker sends each round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -75,7 +75,7 @@ impl Attack {
     }
 }
 
-/// Flags of `nightshift bench byzantine`. With none it runs every attack with 2 of 8 workers
+/// Flags of `nightshift-lab byzantine`. With none it runs every attack with 2 of 8 workers
 /// malicious, with the mean and the robust aggregator, on one seed.
 #[derive(Args, Debug, Clone)]
 pub struct ByzantineArgs {

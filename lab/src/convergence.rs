@@ -1,4 +1,4 @@
-//! `nightshift bench convergence`: K DiLoCo replicas simulated in one process, through the same
+//! `nightshift-lab convergence`: K DiLoCo replicas simulated in one process, through the same
 //! code the nodes run (the burn inner loop, `encode_delta` with error feedback, token-weighted
 //! `aggregate`, the Nesterov `OuterOptimizer`), against single-worker and synchronous baselines
 //! at equal tokens.
@@ -8,7 +8,7 @@
 //! over their union, so the two are the same computation.
 
 use anyhow::{Context, bail};
-use clap::{Args, Subcommand};
+use clap::Args;
 use nightshift_model::backend::{CpuTrain, cpu_device};
 use nightshift_model::{
     Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerReport, InnerTrainer, OuterOptimizer,
@@ -22,36 +22,17 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use crate::cli::SwarmFlags;
-use crate::plot::{Series, line_chart};
-use crate::round::accept::{
+use nightshift_bootstrap::SwarmSettings;
+use nightshift_node::cli::SwarmFlags;
+use nightshift_node::plot::{Series, line_chart};
+use nightshift_node::round::accept::{
     Accepted, Late, aggregate, encode_delta, merge_late, missed_correction, round_step,
 };
-use nightshift_bootstrap::SwarmSettings;
 
-/// `nightshift bench ...`
-#[derive(Subcommand, Debug)]
-pub enum BenchCommand {
-    /// DiLoCo against single-worker and synchronous training at equal tokens.
-    Convergence(ConvergenceArgs),
-    /// Idle windows: a churning pool against stable swarms (time to target, yields, joins).
-    Churn(crate::churn::ChurnArgs),
-    /// Robust aggregation under attack: K workers of which some are malicious, every attack with
-    /// the plain mean and the robust aggregator, against the honest workers alone.
-    Byzantine(crate::byzantine::ByzantineArgs),
-    /// What verifying a state by replay costs (verify, decode, aggregate, outer step, hash)
-    /// at each model preset, and the size of a signed status.
-    Replay(crate::replay_bench::ReplayArgs),
-    /// Reads the `--json` files of earlier `bench convergence` runs (a grid split over several
-    /// processes, say) and prints them as one table with the comparisons, optionally plotting
-    /// every curve on one chart.
-    Report(ReportArgs),
-}
-
-/// Flags of `nightshift bench report`.
+/// Flags of `nightshift-lab report`.
 #[derive(Args, Debug)]
 pub struct ReportArgs {
-    /// JSON files written by `bench convergence --json`.
+    /// JSON files written by `nightshift-lab convergence --json`.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Write every run's loss curve to one chart (SVG).
@@ -66,7 +47,7 @@ pub struct ReportArgs {
     pub at: Vec<u32>,
 }
 
-/// Flags of `nightshift bench convergence`. The recipe flags (`--preset`, `--inner-lr`, `--codec`,
+/// Flags of `nightshift-lab convergence`. The recipe flags (`--preset`, `--inner-lr`, `--codec`,
 /// `--inner-steps` = the base H, ...) are those of `swarm init`.
 #[derive(Args, Debug)]
 pub struct ConvergenceArgs {
@@ -243,7 +224,7 @@ pub struct RunResult {
     /// Final validation loss of each parameter average asked for with `--eval-ema`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ema: Vec<EmaResult>,
-    /// `--seed` of the run (absent from files written before it was recorded): `bench report`
+    /// `--seed` of the run (absent from files written before it was recorded): `nightshift-lab report`
     /// compares runs of the same seed only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
@@ -290,7 +271,7 @@ impl ParamEma {
 }
 
 impl RunResult {
-    /// This run as if its budget had been `steps` per-worker steps (see `bench report --at`):
+    /// This run as if its budget had been `steps` per-worker steps (see `nightshift-lab report --at`):
     /// `None` when its curve has no point there or it is longer than the run.
     pub fn cut_at(&self, steps: u32) -> Option<RunResult> {
         let end = self.curve.iter().position(|(s, _)| *s == steps)?;
@@ -1049,7 +1030,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     Ok(results)
 }
 
-/// `nightshift bench report`: earlier runs' JSON files as one table.
+/// `nightshift-lab report`: earlier runs' JSON files as one table.
 ///
 /// # Errors
 /// When a file cannot be read or is not a list of runs, or the plot cannot be written.
@@ -1060,7 +1041,7 @@ pub fn run_report(a: ReportArgs) -> anyhow::Result<Vec<RunResult>> {
             std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
         let runs: Vec<RunResult> = serde_json::from_str(&text).with_context(|| {
             format!(
-                "{} is not the JSON of `bench convergence --json`",
+                "{} is not the JSON of `nightshift-lab convergence --json`",
                 f.display()
             )
         })?;

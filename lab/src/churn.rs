@@ -1,4 +1,4 @@
-//! `nightshift bench churn`: what idle windows cost (the seed's checks V1 and V3).
+//! `nightshift-lab churn`: what idle windows cost (the seed's checks V1 and V3).
 //!
 //! Three swarms of real processes on 127.0.0.1 train the same manifest on the embedded corpus:
 //! - `stable-half`: N/2 always-on nodes (the same average compute as the churning pool);
@@ -28,21 +28,21 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::process::Child;
 
-use crate::cli::SwarmFlags;
-use crate::demo::{local_node_args, new_bootstrap_key, start_bootstrap, tempfile_dir};
-use crate::events::{NodeEvent, read_timed_events};
-use crate::plot::{Series, line_chart};
+use nightshift_node::cli::SwarmFlags;
+use nightshift_node::demo::{local_node_args, new_bootstrap_key, start_bootstrap, tempfile_dir};
+use nightshift_node::events::{NodeEvent, read_timed_events};
+use nightshift_node::plot::{Series, line_chart};
 
 impl ChurnArgs {
     /// Threads of each node process: `--threads-per-node`, else this machine's cores.
     fn threads(&self) -> usize {
         self.threads_per_node
-            .unwrap_or_else(crate::demo::cores)
+            .unwrap_or_else(nightshift_node::demo::cores)
             .max(1)
     }
 }
 
-/// Flags of `nightshift bench churn`. The recipe flags are those of `swarm init`.
+/// Flags of `nightshift-lab churn`. The recipe flags are those of `swarm init`.
 #[derive(Args, Debug)]
 pub struct ChurnArgs {
     /// Nodes in the churning pool (the stable swarms have N/2 and N).
@@ -115,7 +115,7 @@ pub struct ChurnRun {
     /// Rounds at which two nodes ended on different states (must be 0).
     pub rounds_disagreeing: usize,
     /// Distinct states held for a round beyond one, over every round, a divergence repaired
-    /// later included (see [`crate::events::forks_per_round`]): 0 for an always-on swarm; a
+    /// later included (see [`nightshift_node::events::forks_per_round`]): 0 for an always-on swarm; a
     /// node whose window opens just as the others close a round can fork it for a moment.
     #[serde(default)]
     pub forks: usize,
@@ -224,7 +224,7 @@ fn summarize(
         .iter()
         .map(|ev| ev.iter().map(|(_, e)| e.clone()).collect())
         .collect();
-    let forks: usize = crate::events::forks_per_round(plain.iter().map(Vec::as_slice))
+    let forks: usize = nightshift_node::events::forks_per_round(plain.iter().map(Vec::as_slice))
         .values()
         .sum();
     // The state each node ended each round on (its last completion or sync of it).
@@ -372,7 +372,7 @@ async fn run_plan(
     };
     let threads = args.threads().to_string();
     let start_node = |i: usize, tag: &str| -> anyhow::Result<Child> {
-        let mut c = tokio::process::Command::new(std::env::current_exe()?);
+        let mut c = tokio::process::Command::new(nightshift_node::demo::nightshift_exe()?);
         let log = std::fs::File::create(dir.join(format!("node{i}{tag}.log")))?;
         c.args(node_args(i))
             .env("RAYON_NUM_THREADS", &threads)
@@ -500,7 +500,7 @@ fn fmt_opt(v: Option<f64>, unit: &str) -> String {
     v.map_or("-".into(), |x| format!("{x:.1}{unit}"))
 }
 
-/// Runs `nightshift bench churn`.
+/// Runs `nightshift-lab churn`.
 ///
 /// # Errors
 /// Bad flags, or a swarm that cannot start.
@@ -555,7 +555,7 @@ pub async fn run_churn(args: ChurnArgs) -> anyhow::Result<Vec<ChurnRun>> {
         },
     ];
     println!(
-        "nightshift bench churn: preset {}, H={}, codec {}, {} threads per node, windows idle {:.0}% of {} s; work dir {}",
+        "nightshift-lab churn: preset {}, H={}, codec {}, {} threads per node, windows idle {:.0}% of {} s; work dir {}",
         args.swarm.preset,
         args.swarm.inner_steps,
         args.swarm.codec,

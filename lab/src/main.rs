@@ -1,0 +1,98 @@
+//! `nightshift-lab`: nightshift's benchmarks and experiments, apart from the product binary.
+//!
+//! - `convergence` — DiLoCo against single-worker and synchronous training at equal tokens, in
+//!   one process ([`convergence`]); `report` joins the JSON of several runs.
+//! - `churn` — idle windows: a churning pool of `nightshift` processes against stable swarms
+//!   ([`churn`]).
+//! - `byzantine` — robust aggregation under attack, in one process ([`byzantine`]).
+//! - `replay` — what verifying a state by replay costs ([`replay`]).
+//!
+//! Every result file records its configuration, the commit and the seed.
+
+mod byzantine;
+mod churn;
+mod convergence;
+mod replay;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// Training allocates and frees many tensor buffers of the same few sizes every step: mimalloc,
+/// as in the `nightshift` binary, so that timings match the product's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// nightshift's benchmarks and experiments.
+#[derive(Parser, Debug)]
+#[command(name = "nightshift-lab", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// DiLoCo against single-worker and synchronous training at equal tokens.
+    Convergence(convergence::ConvergenceArgs),
+    /// Reads the `--json` files of earlier `convergence` runs (a grid split over several
+    /// processes, say) and prints them as one table with the comparisons, optionally plotting
+    /// every curve on one chart.
+    Report(convergence::ReportArgs),
+    /// Idle windows: a churning pool against stable swarms (time to target, yields, joins), as
+    /// `nightshift` processes (found beside this executable, or at $NIGHTSHIFT_BIN).
+    Churn(churn::ChurnArgs),
+    /// Robust aggregation under attack: K workers of which some are malicious, every attack with
+    /// the plain mean and the robust aggregator, against the honest workers alone.
+    Byzantine(byzantine::ByzantineArgs),
+    /// What verifying a state by replay costs (verify, decode, aggregate, outer step, hash) at
+    /// each model preset, and the size of a signed status.
+    Replay(replay::ReplayArgs),
+}
+
+async fn execute(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Convergence(a) => {
+            tokio::task::spawn_blocking(move || convergence::run_convergence(a)).await??;
+        }
+        Command::Report(a) => {
+            convergence::run_report(a)?;
+        }
+        Command::Churn(a) => {
+            churn::run_churn(a).await?;
+        }
+        Command::Byzantine(a) => {
+            tokio::task::spawn_blocking(move || byzantine::run_byzantine(a)).await??;
+        }
+        Command::Replay(a) => {
+            tokio::task::spawn_blocking(move || replay::run_replay(a)).await??;
+        }
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_env("NIGHTSHIFT_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("warn,nightshift_node=info,nightshift_lab=info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(execute(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The lab's commands end to end, as a person running the benchmarks meets them.
+
+use std::process::Command;
+
+fn lab(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_nightshift-lab"))
+        .args(args)
+        .output()
+        .expect("run nightshift-lab")
+}
+
+/// A short churn benchmark end to end: the churning pool yields, nobody loses a round, every
+/// round ends agreed, the always-on swarm never forks, and the JSON report has the fields
+/// scripts read.
+#[test]
+fn churn_reports_yields_joins_and_no_lost_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("churn.json");
+    let o = lab(&[
+        "churn",
+        "--preset",
+        "tiny",
+        "--inner-steps",
+        "40",
+        "--nodes",
+        "2",
+        "--runs",
+        "stable-half,churn",
+        "--max-secs",
+        "16",
+        "--period-secs",
+        "5",
+        "--dir",
+        dir.path().join("work").to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let runs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    let churn = runs.iter().find(|r| r["name"] == "churn").unwrap();
+    for field in [
+        "time_to_target_secs",
+        "yield_p50_ms",
+        "yield_p99_ms",
+        "join_sync_secs",
+        "recovery_secs",
+        "curve",
+    ] {
+        assert!(churn.get(field).is_some(), "no {field} in {churn}");
+    }
+    assert!(churn["yields"].as_u64().unwrap() > 0, "{churn}");
+    assert_eq!(churn["rounds_lost"], 0);
+    assert_eq!(churn["rounds_disagreeing"], 0);
+    assert!(churn["forks"].as_u64().is_some(), "{churn}");
+    let stable = runs.iter().find(|r| r["name"] == "stable-half").unwrap();
+    assert_eq!(stable["forks"], 0, "an always-on swarm forked: {stable}");
+    assert_eq!(stable["rounds_disagreeing"], 0);
+    assert!(churn["curve"].as_array().unwrap().len() > 2);
+}
+
+#[test]
+fn report_joins_runs_written_by_separate_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+    // A grid split over two processes, as on a machine with two cores.
+    for (runs, json) in [("single,sync", "base.json"), ("diloco", "diloco.json")] {
+        let o = lab(&[
+            "convergence",
+            "--preset",
+            "tiny",
+            "--steps",
+            "20",
+            "--inner-steps",
+            "10",
+            "--val-batches",
+            "2",
+            "--runs",
+            runs,
+            "--k",
+            "2",
+            "--base-k",
+            "2",
+            "--h",
+            "10",
+            "--json",
+            &path(json),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = lab(&[
+        "report",
+        &path("base.json"),
+        &path("diloco.json"),
+        "--plot",
+        &path("all.svg"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for run in ["single T=20", "sync k=2", "diloco k=2 h=10"] {
+        assert!(text.contains(run), "no {run} in:\n{text}");
+    }
+    // The comparison needs both files: DiLoCo from one, sync (at equal tokens) from the other.
+    assert!(text.contains("x sync's"), "{text}");
+    let svg = std::fs::read_to_string(path("all.svg")).unwrap();
+    assert!(svg.contains("diloco k=2 h=10") && svg.contains("sync k=2"));
+
+    std::fs::write(path("bad.json"), "{\"not\": \"runs\"}").unwrap();
+    for (file, says) in [
+        ("missing.json", "cannot read"),
+        (
+            "bad.json",
+            "is not the JSON of `nightshift-lab convergence --json`",
+        ),
+    ] {
+        let o = lab(&["report", &path(file)]);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{file}: {err}");
+    }
+}
