@@ -70,8 +70,8 @@ pub enum SwarmCommand {
     Init(InitArgs),
 }
 
-/// Settings of a new swarm. The defaults are [`SwarmSettings::default`]'s, where the benchmark
-/// that chose them is cited.
+/// Settings of a new swarm. The defaults are [`SwarmSettings::default`]'s; why each default
+/// was chosen is in docs/DESIGN-NOTES.md ("Why the defaults").
 #[derive(Args, Debug, Clone)]
 pub struct SwarmFlags {
     /// Model preset: tiny, small, medium or large.
@@ -80,46 +80,38 @@ pub struct SwarmFlags {
     /// Training corpus (UTF-8 text); defaults to the embedded Shakespeare.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// H: inner steps per round. 25 ended DiLoCo as low as 50 at T = 1000 (+0.25 % on the mean
-    /// of five seeds), reached one worker's final loss sooner, and halved what dropping half of
-    /// the contributions costs (BENCHMARKS.md, sixteenth pass).
+    /// H: inner steps each node trains per round before the contributions are averaged.
     #[arg(long, default_value_t = SwarmSettings::default().inner_steps)]
     pub inner_steps: u32,
-    /// Pseudo-gradient codec: fp32, fp16, int8[:block], int4[:block], topk[:permille] or
-    /// lowrank[:rank[:block]] (weight matrices as rank-r factors in int4: for AdamW swarms; with
-    /// Muon's full-rank updates it ended 11 % higher: BENCHMARKS.md).
+    /// How contributions are compressed on the wire: fp32, fp16, int8[:block], int4[:block],
+    /// topk[:permille] or lowrank[:rank[:block]] (weight matrices as rank-r factors in int4;
+    /// suits `--inner-optimizer adamw` swarms, not Muon's full-rank updates).
     #[arg(long, default_value = "int4:64")]
     pub codec: DeltaCodec,
+    /// Sequences per inner step on each node.
     #[arg(long, default_value_t = SwarmSettings::default().batch_size)]
     pub batch_size: u32,
-    /// AdamW learning rate of the inner steps (behind the 200-step warm-up, 3e-3 ended DiLoCo
-    /// lower than 2e-3 on the mean of five seeds at K = 4 and on every seed at K = 8, H = 50;
-    /// behind the recipe's 50 steps, 2e-3 beat both 1e-3 and 3e-3: BENCHMARKS.md).
+    /// Learning rate of the inner steps (AdamW's; Muon's is a multiple of it).
     #[arg(long, default_value_t = SwarmSettings::default().inner_lr)]
     pub inner_lr: f32,
     /// Inner steps over which the rate rises linearly to `--inner-lr`, counted from the node's
-    /// start (the recipe's 50 trained DiLoCo worse than 200 on four seeds of five:
-    /// BENCHMARKS.md).
+    /// start.
     #[arg(long, default_value_t = SwarmSettings::default().warmup_steps)]
     pub warmup_steps: u32,
-    /// AdamW's decoupled weight decay in the inner steps (the recipe's 0.1).
+    /// Decoupled weight decay of the inner steps.
     #[arg(long, default_value_t = SwarmSettings::default().weight_decay)]
     pub weight_decay: f32,
     /// Inner optimizer: `muon[:MULT]` (Muon for the blocks' weight matrices at MULT times
     /// `--inner-lr`, with updates scaled to AdamW's RMS and the same weight decay; AdamW for the
-    /// embeddings, head, biases and norms) or `adamw` (every parameter; the DiLoCo paper's).
-    /// Muon ended DiLoCo and synchronous training several percent lower at equal tokens
-    /// (BENCHMARKS.md, thirteenth pass).
+    /// embeddings, head, biases and norms) or `adamw` (every parameter, as in the DiLoCo
+    /// paper).
     #[arg(long, default_value = "muon")]
     pub inner_optimizer: InnerOptimizer,
-    /// Outer Nesterov learning rate (tuned at H = 50 and kept at 25; 0.9 was worse with Muon on
-    /// the one seed tried; at H = 10 a smaller outer step is better: 0.5 with momentum 0.8, or
-    /// 0.7 with momentum 0.6; BENCHMARKS.md).
+    /// Learning rate of the outer Nesterov step applied to each round's averaged
+    /// pseudo-gradient (lower it, or the momentum, for short rounds such as H = 10).
     #[arg(long, default_value_t = SwarmSettings::default().outer_lr)]
     pub outer_lr: f32,
-    /// Outer Nesterov momentum (at H = 25, 0.7 ended DiLoCo as low as 0.8 and lost less to
-    /// dropped contributions on four seeds of five; 0.8 beat the DiLoCo paper's 0.9 at H = 50;
-    /// at H = 10, 0.6 is better; BENCHMARKS.md, sixteenth pass).
+    /// Momentum of the outer Nesterov step.
     #[arg(long, default_value_t = SwarmSettings::default().outer_momentum)]
     pub outer_momentum: f32,
     /// How each round's contributions are combined: `cclip[:CLIP[:ITERS]]` (centered clipping:
@@ -169,6 +161,7 @@ pub struct InitArgs {
     /// The creator's key; a new one is written beside the manifest when absent.
     #[arg(long)]
     pub key: Option<PathBuf>,
+    /// The swarm's name, shown to those who join it.
     #[arg(long, default_value = "nightshift")]
     pub name: String,
     /// Only these keys may contribute (key files or 64-hex public keys); repeatable. Nodes of
