@@ -28,8 +28,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::process::Child;
 
-use nightshift_node::cli::SwarmFlags;
-use nightshift_node::demo::{local_node_args, new_bootstrap_key, start_bootstrap, tempfile_dir};
+use nightshift_node::cmd::demo::{
+    local_node_args, new_bootstrap_key, start_bootstrap, tempfile_dir,
+};
+use nightshift_node::cmd::swarm::SwarmFlags;
 use nightshift_node::events::{NodeEvent, read_timed_events};
 use nightshift_node::plot::{Series, line_chart};
 
@@ -37,7 +39,7 @@ impl ChurnArgs {
     /// Threads of each node process: `--threads-per-node`, else this machine's cores.
     fn threads(&self) -> usize {
         self.threads_per_node
-            .unwrap_or_else(nightshift_node::demo::cores)
+            .unwrap_or_else(nightshift_node::cmd::demo::cores)
             .max(1)
     }
 }
@@ -372,7 +374,7 @@ async fn run_plan(
     };
     let threads = args.threads().to_string();
     let start_node = |i: usize, tag: &str| -> anyhow::Result<Child> {
-        let mut c = tokio::process::Command::new(nightshift_node::demo::nightshift_exe()?);
+        let mut c = tokio::process::Command::new(nightshift_node::cmd::demo::nightshift_exe()?);
         let log = std::fs::File::create(dir.join(format!("node{i}{tag}.log")))?;
         c.args(node_args(i))
             .env("RAYON_NUM_THREADS", &threads)

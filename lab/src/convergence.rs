@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use nightshift_bootstrap::SwarmSettings;
-use nightshift_node::cli::SwarmFlags;
+use nightshift_node::cmd::swarm::SwarmFlags;
 use nightshift_node::plot::{Series, line_chart};
 use nightshift_node::round::accept::{
     Accepted, Late, aggregate, encode_delta, merge_late, missed_correction, round_step,

@@ -9,22 +9,20 @@
 //! - [`idle`] — idle detection: sources (NVML, schedule, CPU load, files, cycles, manual) and a
 //!   monitor with hysteresis.
 //! - [`control`] — the loopback control endpoint behind `nightshift pause/resume/status`.
-//! - [`peers`] — `nightshift peers`: the swarm's nodes and their advertised windows.
 //! - [`events`] — JSON-lines events for tools and tests.
 //! - [`plot`] — small SVG line charts.
-//! - [`demo`] — `nightshift demo`: a local swarm of processes, its table, report and plot.
-//! - [`cli`] — the command-line interface.
+//! - [`cmd`] — the command-line interface, one module per command with its arguments
+//!   (`cmd::demo`: a local swarm of processes, its table, report and plot; `cmd::peers`: the
+//!   swarm's nodes and their advertised windows; ...).
 //!
 //! The benchmarks and experiments live in the `nightshift-lab` crate and binary (`lab/`).
 
 pub mod bootstrap_node;
-pub mod cli;
+pub mod cmd;
 pub mod control;
-pub mod demo;
 pub mod events;
 pub mod idle;
 pub mod net;
-pub mod peers;
 pub mod plot;
 pub mod round;
 pub mod store;

@@ -9,7 +9,7 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    let cli = nightshift_node::cli::Cli::parse();
+    let cli = nightshift_node::cmd::Cli::parse();
     let filter = EnvFilter::try_from_env("NIGHTSHIFT_LOG")
         .unwrap_or_else(|_| EnvFilter::new("warn,nightshift_node=info,nightshift=info"));
     tracing_subscriber::fmt()
@@ -26,7 +26,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(nightshift_node::cli::execute(cli)) {
+    match rt.block_on(nightshift_node::cmd::execute(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
-use crate::cli::SwarmFlags;
+use super::swarm::SwarmFlags;
 use crate::events::{NodeEvent, RoundRecord, read_events};
 
 /// The key of demo node `i`, derived from the swarm's `--seed`. A node's key seeds the batches
@@ -130,7 +130,7 @@ pub fn nightshift_exe() -> anyhow::Result<PathBuf> {
 /// `mpath`, and returns its public key (for the manifest's bootstrap list).
 pub fn new_bootstrap_key(mpath: &Path) -> anyhow::Result<[u8; 32]> {
     let k = nightshift_bootstrap::generate_key()?;
-    nightshift_bootstrap::write_key(&crate::cli::default_bootstrap_key(mpath), &k)?;
+    nightshift_bootstrap::write_key(&super::common::default_bootstrap_key(mpath), &k)?;
     Ok(k.verifying_key().to_bytes())
 }
 

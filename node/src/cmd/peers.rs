@@ -9,8 +9,37 @@ use serde::Serialize;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use crate::cli::PeersArgs;
+use clap::Args;
+use libp2p::Multiaddr;
+use std::path::PathBuf;
+
+use super::common::{read_manifest, swarm_key};
 use crate::net::{self, NetHandle, Served, StatusCheck};
+
+#[derive(Args, Debug)]
+pub struct PeersArgs {
+    /// Bootstrap address(es) of the swarm.
+    #[arg(long, required = true)]
+    pub bootstrap: Vec<Multiaddr>,
+    /// Swarm id (64 hex); or give --manifest.
+    #[arg(long)]
+    pub swarm: Option<String>,
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// A member's key, to look into a swarm with an allowlist (its nodes refuse other keys).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// The swarm's pre-shared key, for a swarm created with --private. Default: `swarm.key`
+    /// beside --manifest.
+    #[arg(long)]
+    pub swarm_key: Option<PathBuf>,
+    /// Seconds to spend discovering peers.
+    #[arg(long, default_value_t = 4.0)]
+    pub wait: f64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// One row of `nightshift peers`.
 #[derive(Clone, Debug, Serialize)]
@@ -76,18 +105,14 @@ fn ago(unix: u64) -> String {
 /// # Errors
 /// A bad swarm id or manifest, or a network that cannot start.
 pub async fn run_peers(a: PeersArgs) -> anyhow::Result<()> {
-    let manifest = a
-        .manifest
-        .as_deref()
-        .map(crate::cli::read_manifest)
-        .transpose()?;
+    let manifest = a.manifest.as_deref().map(read_manifest).transpose()?;
     let swarm = match (&manifest, &a.swarm) {
         (Some(m), _) => m.swarm_id(),
         (None, Some(id)) => Hash32::from_hex(id).context("--swarm must be 64 hex characters")?,
         (None, None) => anyhow::bail!("give --swarm ID or --manifest FILE"),
     };
     let psk = match &manifest {
-        Some(m) => crate::cli::swarm_key(m, a.swarm_key.as_deref(), a.manifest.as_deref())?,
+        Some(m) => swarm_key(m, a.swarm_key.as_deref(), a.manifest.as_deref())?,
         None => a
             .swarm_key
             .as_deref()

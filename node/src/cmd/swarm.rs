@@ -1,0 +1,215 @@
+//! `nightshift swarm init`: a new swarm's signed manifest, and the keys it needs.
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use nightshift_bootstrap::{
+    SwarmSettings, build_manifest, generate_key, generate_psk, read_key, write_key, write_swarm_key,
+};
+use nightshift_protocol::{Aggregator, DeltaCodec, InnerOptimizer};
+use std::path::PathBuf;
+
+use super::common::{default_bootstrap_key, parse_public_key, unix_now};
+
+#[derive(Subcommand, Debug)]
+pub enum SwarmCommand {
+    /// Write a signed swarm manifest.
+    Init(InitArgs),
+}
+
+/// Settings of a new swarm. The defaults are [`SwarmSettings::default`]'s; why each default
+/// was chosen is in docs/DESIGN-NOTES.md ("Why the defaults").
+#[derive(Args, Debug, Clone)]
+pub struct SwarmFlags {
+    /// Model preset: tiny, small, medium or large.
+    #[arg(long, default_value = "small")]
+    pub preset: String,
+    /// Training corpus (UTF-8 text); defaults to the embedded Shakespeare.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// H: inner steps each node trains per round before the contributions are averaged.
+    #[arg(long, default_value_t = SwarmSettings::default().inner_steps)]
+    pub inner_steps: u32,
+    /// How contributions are compressed on the wire: fp32, fp16, int8[:block], int4[:block],
+    /// topk[:permille] or lowrank[:rank[:block]] (weight matrices as rank-r factors in int4;
+    /// suits `--inner-optimizer adamw` swarms, not Muon's full-rank updates).
+    #[arg(long, default_value = "int4:64")]
+    pub codec: DeltaCodec,
+    /// Sequences per inner step on each node.
+    #[arg(long, default_value_t = SwarmSettings::default().batch_size)]
+    pub batch_size: u32,
+    /// Learning rate of the inner steps (AdamW's; Muon's is a multiple of it).
+    #[arg(long, default_value_t = SwarmSettings::default().inner_lr)]
+    pub inner_lr: f32,
+    /// Inner steps over which the rate rises linearly to `--inner-lr`, counted from the node's
+    /// start.
+    #[arg(long, default_value_t = SwarmSettings::default().warmup_steps)]
+    pub warmup_steps: u32,
+    /// Decoupled weight decay of the inner steps.
+    #[arg(long, default_value_t = SwarmSettings::default().weight_decay)]
+    pub weight_decay: f32,
+    /// Inner optimizer: `muon[:MULT]` (Muon for the blocks' weight matrices at MULT times
+    /// `--inner-lr`, with updates scaled to AdamW's RMS and the same weight decay; AdamW for the
+    /// embeddings, head, biases and norms) or `adamw` (every parameter, as in the DiLoCo
+    /// paper).
+    #[arg(long, default_value = "muon")]
+    pub inner_optimizer: InnerOptimizer,
+    /// Learning rate of the outer Nesterov step applied to each round's averaged
+    /// pseudo-gradient (lower it, or the momentum, for short rounds such as H = 10).
+    #[arg(long, default_value_t = SwarmSettings::default().outer_lr)]
+    pub outer_lr: f32,
+    /// Momentum of the outer Nesterov step.
+    #[arg(long, default_value_t = SwarmSettings::default().outer_momentum)]
+    pub outer_momentum: f32,
+    /// How each round's contributions are combined: `cclip[:CLIP[:ITERS]]` (centered clipping:
+    /// each contribution's size is capped and outliers clipped, so a malicious minority moves
+    /// the result by a bounded amount; as good as the mean when nobody attacks) or `mean`
+    /// (token-weighted; one member can move it anywhere).
+    #[arg(long, default_value = "cclip")]
+    pub aggregator: Aggregator,
+    /// Seconds a node waits for the others after its contribution is out.
+    #[arg(long, default_value_t = SwarmSettings::default().round_deadline_secs)]
+    pub deadline_secs: u32,
+    /// Seed of the model's initial weights (in `demo`, also of its nodes' keys).
+    #[arg(long, default_value_t = SwarmSettings::default().init_seed)]
+    pub seed: u64,
+}
+
+impl SwarmFlags {
+    /// The genesis settings these flags describe.
+    pub fn settings(&self, name: &str, allowlist: Vec<[u8; 32]>) -> SwarmSettings {
+        SwarmSettings {
+            name: name.into(),
+            preset: self.preset.clone(),
+            data: self.data.clone(),
+            inner_steps: self.inner_steps,
+            batch_size: self.batch_size,
+            inner_lr: self.inner_lr,
+            warmup_steps: self.warmup_steps,
+            weight_decay: self.weight_decay,
+            inner_optimizer: self.inner_optimizer,
+            outer_lr: self.outer_lr,
+            outer_momentum: self.outer_momentum,
+            codec: self.codec,
+            round_deadline_secs: self.deadline_secs,
+            aggregator: self.aggregator,
+            init_seed: self.seed,
+            allowlist,
+            ..SwarmSettings::default()
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct InitArgs {
+    /// Where to write the manifest (JSON).
+    #[arg(long, short, default_value = "manifest.json")]
+    pub out: PathBuf,
+    /// The creator's key; a new one is written beside the manifest when absent.
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// The swarm's name, shown to those who join it.
+    #[arg(long, default_value = "nightshift")]
+    pub name: String,
+    /// Only these keys may contribute (key files or 64-hex public keys); repeatable. Nodes of
+    /// such a swarm refuse connections from any other key (but the bootstrap nodes').
+    #[arg(long = "allow")]
+    pub allow: Vec<String>,
+    /// Also close the swarm at the transport: write a pre-shared key (`swarm.key`, the standard
+    /// libp2p format) beside the manifest; every node needs it to connect at all (libp2p pnet,
+    /// TCP only). Needs --allow.
+    #[arg(long)]
+    pub private: bool,
+    /// Bootstrap node keys (key files or 64-hex public keys); repeatable. Default: a new key
+    /// written beside the manifest (`<manifest>.bootstrap.key.json`), which `nightshift
+    /// bootstrap --manifest` picks up.
+    #[arg(long = "bootstrap-key")]
+    pub bootstrap_keys: Vec<String>,
+    /// With --allow: how many members must attest a state before a node too far behind to
+    /// replay it adopts it (a bootstrap's attestation always suffices). Default: one more than
+    /// the malicious members tolerated, ⌊(members − 1)/3⌋ + 1.
+    #[arg(long)]
+    pub attest_quorum: Option<u32>,
+    #[command(flatten)]
+    pub swarm: SwarmFlags,
+}
+
+/// Runs `swarm init`.
+///
+/// # Errors
+/// A refused setting or key, or a file that cannot be written (nothing is left behind then).
+pub fn init(a: InitArgs) -> anyhow::Result<()> {
+    // A new key is written only once the manifest it signs is known to be valid, so a
+    // refused setting leaves no file behind.
+    let (key, new_key) = match &a.key {
+        Some(p) => (read_key(p)?, None),
+        None => (
+            generate_key()?,
+            Some(a.out.with_extension("creator.key.json")),
+        ),
+    };
+    let allow = a
+        .allow
+        .iter()
+        .map(|s| parse_public_key(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if a.private && allow.is_empty() {
+        bail!("a --private swarm needs its members: give --allow KEY for each");
+    }
+    if a.attest_quorum.is_some() && allow.is_empty() {
+        bail!(
+            "--attest-quorum is for a swarm with --allow (in an open swarm only bootstrap nodes attest)"
+        );
+    }
+    let psk_path = a.out.with_file_name("swarm.key");
+    if a.private && psk_path.exists() {
+        bail!(
+            "{} already exists; refusing to overwrite a swarm key (move it away first)",
+            psk_path.display()
+        );
+    }
+    let (bootstraps, new_boot_key) = if a.bootstrap_keys.is_empty() {
+        let path = default_bootstrap_key(&a.out);
+        if path.exists() {
+            (vec![read_key(&path)?.verifying_key().to_bytes()], None)
+        } else {
+            let k = generate_key()?;
+            (vec![k.verifying_key().to_bytes()], Some((path, k)))
+        }
+    } else {
+        let keys = a
+            .bootstrap_keys
+            .iter()
+            .map(|s| parse_public_key(s))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        (keys, None)
+    };
+    let psk = a.private.then(generate_psk).transpose()?;
+    let settings = SwarmSettings {
+        bootstraps,
+        attest_quorum: a.attest_quorum,
+        psk,
+        ..a.swarm.settings(&a.name, allow)
+    };
+    let m = build_manifest(&settings, &key, unix_now())?;
+    if let Some(p) = new_key {
+        write_key(&p, &key)?;
+        eprintln!("wrote the creator key to {}", p.display());
+    }
+    if let Some((p, k)) = new_boot_key {
+        write_key(&p, &k)?;
+        eprintln!("wrote the bootstrap node's key to {}", p.display());
+    }
+    if let Some(k) = psk {
+        write_swarm_key(&psk_path, &k)?;
+        eprintln!(
+            "wrote the swarm's pre-shared key to {} (give it to every member, privately)",
+            psk_path.display()
+        );
+    }
+    std::fs::write(&a.out, serde_json::to_string_pretty(&m)?)
+        .with_context(|| format!("cannot write {}", a.out.display()))?;
+    println!("swarm id: {}", m.swarm_id());
+    println!("manifest: {}", a.out.display());
+    println!("aggregator: {}", m.manifest.aggregator);
+    Ok(())
+}
