@@ -338,7 +338,7 @@ fn simulate(
     let mut workers: Vec<Worker> = (0..workers_n)
         .map(|i| {
             Ok(Worker {
-                trainer: setup.trainer(1, a.steps)?,
+                trainer: setup.trainer(1)?,
                 rng: ChaCha8Rng::seed_from_u64(seed ^ ((i as u64 + 1) * 0x9E37)),
                 shard: setup.corpus.full_shard(),
                 ef: ErrorFeedback::default(),

@@ -11,8 +11,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 use nightshift_model::backend::{CpuTrain, cpu_device};
 use nightshift_model::{
-    Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerReport, InnerTrainer, OuterOptimizer,
-    Shard, Tokenizer, eval, flat, partial_round_scale, update_noise,
+    Corpus, ErrorFeedback, GptConfig, InnerConfig, InnerTrainer, OuterOptimizer, Shard, Tokenizer,
+    eval, flat,
 };
 use nightshift_protocol::{Aggregator, DeltaCodec, delta};
 use rand::{Rng, SeedableRng};
@@ -25,9 +25,7 @@ use std::time::Instant;
 use nightshift_bootstrap::SwarmSettings;
 use nightshift_node::cmd::swarm::SwarmFlags;
 use nightshift_node::plot::{Series, line_chart};
-use nightshift_node::round::accept::{
-    Accepted, Late, aggregate, encode_delta, merge_late, missed_correction, round_step,
-};
+use nightshift_node::round::accept::{Accepted, aggregate, encode_delta, round_step};
 
 /// Flags of `nightshift-lab report`.
 #[derive(Args, Debug)]
@@ -40,9 +38,8 @@ pub struct ReportArgs {
     pub plot: Option<PathBuf>,
     /// Read every run as if its per-worker budget T had been each of these step counts: its
     /// curve up to that step, the loss there its final loss, and the comparisons between runs
-    /// cut at the same step. Exact for the constant inner schedule without an outer anneal (the
-    /// defaults: nothing else in a run depends on T); a run whose curve has no point at a step
-    /// is left out there.
+    /// cut at the same step. Exact without an outer anneal (the default: nothing else in a run
+    /// depends on T); a run whose curve has no point at a step is left out there.
     #[arg(long, value_delimiter = ',')]
     pub at: Vec<u32>,
 }
@@ -92,36 +89,6 @@ pub struct ConvergenceArgs {
     /// Write the loss curves (SVG).
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Carry a dropped contribution into the worker's next delta (sent again with the next
-    /// one) instead of losing it. Measured worse than dropping (BENCHMARKS.md), so the nodes do
-    /// not do it; kept to measure it again.
-    #[arg(long)]
-    pub carry_dropped: bool,
-    /// Send a dropped contribution again with the worker's next one, as a late arrival: the
-    /// token-weighted mean of both deltas with their tokens summed, so the round averages it as
-    /// two contributions. At most one round late: if the merged one is dropped too, only the
-    /// newer delta waits. Measured worse than losing it (BENCHMARKS.md); nodes do not resend.
-    #[arg(long, conflicts_with = "carry_dropped")]
-    pub resend_dropped: bool,
-    /// A dropped contribution's sender adds to its error feedback what the round it missed
-    /// still owes: its delta less its share of the step the round took
-    /// (`accept::missed_correction`), delivered with its next contribution.
-    #[arg(long, conflicts_with_all = ["carry_dropped", "resend_dropped"])]
-    pub carry_missed: bool,
-    /// A round that gathered fewer than this many contributions is not applied: θ stays where
-    /// it is, every worker trains on from its own parameters, and its next delta (against the
-    /// same θ) carries both rounds' work with both rounds' tokens. The last round is always
-    /// applied. 0 applies every round, an empty one losing its work (what nodes do).
-    #[arg(long, default_value_t = 0, conflicts_with_all = ["carry_dropped", "resend_dropped"])]
-    pub quorum: usize,
-    /// Lossy codecs without error feedback: what a delta's encoding could not carry is
-    /// dropped instead of added to the next delta (nodes always feed it back).
-    #[arg(long)]
-    pub no_feedback: bool,
-    /// Gradient clipping: `global` (one norm over all gradients, as the nodes do and PyTorch's
-    /// `clip_grad_norm_`) or `tensor` (each parameter tensor on its own: burn's clipping).
-    #[arg(long, default_value = "global", value_parser = ["global", "tensor"])]
-    pub clip: String,
     /// Threads per inner step: each batch is cut into this many equal parts trained in
     /// parallel (the same gradient, up to float rounding). Workers still run one after another.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -131,50 +98,6 @@ pub struct ConvergenceArgs {
     /// split, each worker with its own random stream: what a node does unless given `--shard`).
     #[arg(long, default_value = "contiguous", value_parser = ["contiguous", "whole"])]
     pub shards: String,
-    /// Inner learning rate after the warm-up: `constant` (the recipe, and what nodes do) or
-    /// `cosine` (decays to `--final-lr-frac` of the rate over each run's per-worker steps).
-    #[arg(long, default_value = "constant", value_parser = ["constant", "cosine"])]
-    pub inner_schedule: String,
-    /// How a round with dropped contributions is averaged: `counted` (the token-weighted mean
-    /// of the contributions that arrived: what nodes do) or `zero` (each missing contribution
-    /// counts as a zero delta, so the step shrinks with the share of the round's tokens that
-    /// arrived; an empty round still moves by the outer momentum).
-    /// `ema` imputes each missing contribution with the running mean of past steps (the
-    /// outer momentum buffer times 1 − momentum), so a short round leans on the direction the
-    /// swarm has been moving in; with `--partial-shrink` the share given to the arrivals is the
-    /// shrinkage factor instead of the share of tokens that arrived.
-    #[arg(long, value_enum, default_value_t = Missing::Counted)]
-    pub missing: Missing,
-    /// Shrink the step of a round that lost contributions: by `(1 + r/K) / (1 + r/n)` for `n` of
-    /// `K` contributions arrived (a full round is unchanged), `r` being the noise ratio of one
-    /// contribution (spread around the mean over the mean's signal). `auto` (what nodes do)
-    /// estimates it from the rounds where two or more contributions arrived (a running mean);
-    /// a number fixes `r`; `0` is off (what nodes did before); `tensor` learns one ratio, and
-    /// scales, per parameter tensor (measured: no gain over `auto`).
-    #[arg(long, default_value = "auto")]
-    pub partial_shrink: Shrink,
-    /// Where the cosine schedule ends, as a fraction of the inner learning rate.
-    #[arg(long, default_value_t = 0.1)]
-    pub final_lr_frac: f64,
-    /// Newton–Schulz iterations of Muon's orthogonalisation, every run (nodes use burn's 5).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=20))]
-    pub muon_ns_steps: u32,
-    /// AdamW's first-moment decay rate for every run (nodes use burn's 0.9).
-    #[arg(long, default_value_t = 0.9)]
-    pub inner_beta1: f32,
-    /// AdamW's second-moment decay rate for every run (nodes use burn's 0.999).
-    #[arg(long, default_value_t = 0.999)]
-    pub inner_beta2: f32,
-    /// AdamW's epsilon for every run (nodes use burn's 1e-5).
-    #[arg(long, default_value_t = 1e-5)]
-    pub inner_eps: f32,
-    /// Short rounds first: the first this many rounds of every DiLoCo run are
-    /// `--early-inner-steps` long, the rest H (a warm-up for the outer loop). 0 is off.
-    #[arg(long, default_value_t = 0)]
-    pub early_rounds: u32,
-    /// Inner steps of each early round (see `--early-rounds`).
-    #[arg(long, default_value_t = 10)]
-    pub early_inner_steps: u32,
     /// Anneal the outer step: over the last this many rounds of every DiLoCo run the outer
     /// learning rate falls linearly from `--outer-lr` to `--outer-lr-end` (reached in the last
     /// round). 0 is off (what nodes do: a constant outer rate).
@@ -190,15 +113,6 @@ pub struct ConvergenceArgs {
     /// Training is unchanged; the results go to `ema` in the JSON.
     #[arg(long, value_delimiter = ',')]
     pub eval_ema: Vec<u32>,
-    /// DiLoCo workers send the delta to a moving average of their parameters over the round
-    /// (this horizon in inner steps, as `--eval-ema` weighs them) instead of to where the
-    /// round ended: less of the last steps' noise, at the cost of some lag. 0 is off (what
-    /// nodes do).
-    #[arg(long, default_value_t = 0)]
-    pub tail_avg: u32,
-    /// DiLoCo workers start every round with fresh AdamW moments (nodes keep theirs).
-    #[arg(long)]
-    pub reset_inner_optim: bool,
     #[command(flatten)]
     pub recipe: SwarmFlags,
 }
@@ -317,84 +231,14 @@ pub struct Setup {
     pub(crate) shapes: Vec<Vec<usize>>,
     pub(crate) val: Vec<(Vec<i32>, Vec<i32>)>,
     pub(crate) seed: u64,
-    /// Carry a dropped contribution into the worker's next delta (see `--carry-dropped`).
-    pub carry_dropped: bool,
-    /// Resend a dropped contribution with the next one (see `--resend-dropped`).
-    pub resend_dropped: bool,
-    /// Carry what a dropped contribution's round still owes (see `--carry-missed`).
-    pub carry_missed: bool,
-    /// Drop what a lossy codec could not carry (see `--no-feedback`).
-    pub no_feedback: bool,
     /// DiLoCo workers sample contiguous shards rather than the whole split (see `--shards`).
     pub contiguous_shards: bool,
-    /// Cosine decay of the inner rate over each run (see `--inner-schedule`).
-    pub cosine: bool,
-    /// How a round with missing contributions is averaged (see `--missing`).
-    pub missing: Missing,
-    /// Shrink partial rounds (see `--partial-shrink`).
-    pub partial_shrink: Shrink,
-    /// Short rounds first: (rounds, inner steps of each); see `--early-rounds`.
-    pub early: (u32, u32),
-    /// Rounds with fewer contributions are not applied (see `--quorum`).
-    pub quorum: usize,
     /// Outer-rate annealing: (last rounds, final rate); see `--outer-anneal-rounds`.
     pub outer_anneal: (u32, f32),
     /// Horizons of the parameter averages evaluated at the end (see `--eval-ema`).
     pub ema_horizons: Vec<u32>,
-    /// Workers send the delta to their averaged parameters (see `--tail-avg`); 0 is off.
-    pub tail_avg: u32,
-    /// Workers start every round with fresh AdamW moments (see `--reset-inner-optim`).
-    pub reset_inner_optim: bool,
     /// How a round's contributions are combined (the nodes' own [`round_step`]).
     pub aggregator: Aggregator,
-}
-
-/// `--missing`: what stands in for a contribution that did not arrive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Missing {
-    /// Nothing: the mean of what arrived (what nodes do).
-    Counted,
-    /// A zero delta.
-    Zero,
-    /// The running mean of past steps (outer momentum × (1 − μ)).
-    Ema,
-}
-
-/// `--partial-shrink`: off, a fixed noise ratio, or one estimated as the run goes.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Shrink {
-    Fixed(f64),
-    Auto,
-    /// `auto` with one noise ratio, and one scale, per parameter tensor.
-    Tensor,
-}
-
-impl std::str::FromStr for Shrink {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "auto" {
-            return Ok(Shrink::Auto);
-        }
-        if s == "tensor" {
-            return Ok(Shrink::Tensor);
-        }
-        match s.parse::<f64>() {
-            Ok(r) if r >= 0.0 && r.is_finite() => Ok(Shrink::Fixed(r)),
-            _ => Err(format!(
-                "--partial-shrink takes a non-negative number, `auto` or `tensor`, not {s:?}"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for Shrink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Shrink::Fixed(r) => write!(f, "{r}"),
-            Shrink::Auto => f.write_str("auto"),
-            Shrink::Tensor => f.write_str("tensor"),
-        }
-    }
 }
 
 impl Setup {
@@ -429,7 +273,6 @@ impl Setup {
             batch_size: s.batch_size as usize,
             weight_decay: s.weight_decay,
             grad_clip: s.grad_clip,
-            clip_global: true,
             muon: s.inner_optimizer.muon_lr_mult(),
             ..InnerConfig::default()
         };
@@ -443,33 +286,17 @@ impl Setup {
             shapes,
             val,
             seed: s.init_seed,
-            carry_dropped: false,
-            resend_dropped: false,
-            carry_missed: false,
-            no_feedback: false,
             contiguous_shards: true,
-            cosine: false,
-            missing: Missing::Counted,
-            partial_shrink: Shrink::Auto,
-            early: (0, 0),
-            quorum: 0,
             outer_anneal: (0, 0.0),
             ema_horizons: vec![],
-            tail_avg: 0,
-            reset_inner_optim: false,
             aggregator: s.aggregator,
         })
     }
 
-    /// A trainer for a run of `steps` steps per worker (the length a cosine schedule spans).
-    pub(crate) fn trainer(
-        &self,
-        batch_mult: usize,
-        steps: u32,
-    ) -> anyhow::Result<InnerTrainer<CpuTrain>> {
+    /// A trainer on `batch_mult`·batch samples per step.
+    pub(crate) fn trainer(&self, batch_mult: usize) -> anyhow::Result<InnerTrainer<CpuTrain>> {
         let inner = InnerConfig {
             batch_size: self.inner.batch_size * batch_mult,
-            decay_steps: if self.cosine { steps as u64 } else { 0 },
             ..self.inner.clone()
         };
         Ok(InnerTrainer::new(
@@ -524,7 +351,7 @@ impl Setup {
         eval_every: u32,
     ) -> anyhow::Result<RunResult> {
         let start = Instant::now();
-        let mut t = self.trainer(batch_mult, steps)?;
+        let mut t = self.trainer(batch_mult)?;
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         let shard = self.corpus.full_shard();
         let mut curve = vec![(0, self.val_loss(&mut t))];
@@ -607,7 +434,7 @@ impl Setup {
         let mut workers: Vec<(InnerTrainer<CpuTrain>, ChaCha8Rng, Shard, ErrorFeedback)> = (0..k)
             .map(|i| {
                 Ok((
-                    self.trainer(1, steps)?,
+                    self.trainer(1)?,
                     ChaCha8Rng::seed_from_u64(self.seed ^ ((i as u64 + 1) * 0x9E37)),
                     if self.contiguous_shards {
                         self.corpus.shard(i, k)
@@ -622,96 +449,29 @@ impl Setup {
         let mut theta = self.genesis.clone();
         let mut outer = OuterOptimizer::new(self.outer_lr, self.outer_momentum, theta.len());
         let mut noise: Option<f64> = None;
-        // `--partial-shrink tensor`: each tensor's running noise ratio.
-        let mut tensor_noise: Vec<Option<f64>> = vec![None; self.shapes.len()];
-        // A dropped contribution waiting to be resent with the worker's next one.
-        let mut pending: Vec<Option<Late>> = vec![None; k];
         let mut curve = vec![(0, self.val_loss(&mut workers[0].0))];
         let (mut done, mut train_secs, mut bytes, mut sends, mut tokens) =
             (0u32, 0.0, 0u64, 0u64, 0u64);
-        let mut round = 0u32;
-        // Tokens each worker trained on since it last started from θ (more than one round's
-        // when a round fell short of the quorum).
-        let mut since = vec![0u64; k];
         let mut emas = self.emas();
         while done < steps {
-            let len = if round < self.early.0 {
-                self.early.1
-            } else {
-                h
-            };
-            round += 1;
-            let n = len.min(steps - done);
+            let n = h.min(steps - done);
             let mut collected = BTreeMap::new();
-            // This round's dropped contributions (worker, delta sent) when `--carry-missed`.
-            let mut missed: Vec<(usize, Vec<f32>)> = Vec::new();
-            let mut round_tokens = 0u64;
-            // Each worker's error feedback before this round, restored if the round is not applied.
-            let mut ef_before = Vec::new();
             for (i, (t, rng, shard, ef)) in workers.iter_mut().enumerate() {
                 let t0 = Instant::now();
-                let (rep, averaged) = if self.tail_avg > 0 {
-                    let mut avg = ParamEma::new(self.tail_avg, theta.len());
-                    let mut rep = InnerReport::default();
-                    let mut loss = 0.0f64;
-                    for _ in 0..n {
-                        let r = t.train(&self.corpus, shard, rng, 1, &|| false);
-                        avg.update(&t.params(), 1);
-                        loss += r.mean_loss as f64;
-                        rep.steps += r.steps;
-                        rep.tokens += r.tokens;
-                    }
-                    rep.mean_loss = (loss / n.max(1) as f64) as f32;
-                    (rep, Some(avg.average()))
-                } else {
-                    (t.train(&self.corpus, shard, rng, n, &|| false), None)
-                };
+                let rep = t.train(&self.corpus, shard, rng, n, &|| false);
                 train_secs += t0.elapsed().as_secs_f64();
                 tokens += rep.tokens;
-                since[i] += rep.tokens;
-                round_tokens += since[i];
-                let mut local = averaged.unwrap_or_else(|| t.params());
-                let mut weight = since[i];
-                if self.quorum > 0 {
-                    ef_before.push(ef.clone());
-                }
-                if let Some(late) = pending[i].take() {
-                    weight = merge_late(&theta, &mut local, rep.tokens, &late);
-                }
-                let (enc, sent) = encode_delta(&theta, &local, codec, &self.shapes, ef)?;
-                let body = enc.body.len();
-                if self.no_feedback {
-                    ef.residual.clear();
-                }
-                bytes += body as u64;
+                let (enc, sent) = encode_delta(&theta, &t.params(), codec, &self.shapes, ef)?;
+                bytes += enc.body.len() as u64;
                 sends += 1;
-                if drops.random::<f64>() < drop {
-                    if self.carry_dropped {
-                        ef.carry(&sent);
-                    }
-                    if self.carry_missed {
-                        missed.push((i, sent.clone()));
-                    }
-                    if self.resend_dropped {
-                        // At most one round late: only this round's own delta waits.
-                        let own = if weight == rep.tokens {
-                            sent
-                        } else {
-                            theta.iter().zip(t.params()).map(|(a, b)| a - b).collect()
-                        };
-                        pending[i] = Some(Late {
-                            delta: own,
-                            tokens: rep.tokens,
-                        });
-                    }
-                } else {
+                if drops.random::<f64>() >= drop {
                     let sender = [i as u8; 32];
                     collected.insert(
                         sender,
                         Accepted {
                             sender,
                             digest: nightshift_protocol::Hash32::default(),
-                            tokens: weight,
+                            tokens: rep.tokens,
                             train_loss: rep.mean_loss,
                             delta: sent,
                             expected: k as u32,
@@ -719,86 +479,21 @@ impl Setup {
                     );
                 }
             }
-            if collected.len() < self.quorum && done + n < steps {
-                // Short of the quorum: nothing moves, nothing is lost; the workers train on.
-                tracing::debug!(round, arrived = collected.len(), "round below quorum");
-                for ((.., ef), before) in workers.iter_mut().zip(ef_before) {
-                    *ef = before;
+            // The nodes' own step: the round's aggregate, shrunk when contributions are missing
+            // (the plain mean if the aggregator gives none; nothing when nothing arrived).
+            let step = match round_step(&collected, noise, self.aggregator) {
+                Some(s) => {
+                    noise = s.noise;
+                    Some(s.delta)
                 }
-                done += n;
-                emas.iter_mut().for_each(|e| e.update(&theta, n));
-                let last = curve.last().map_or(f32::NAN, |c| c.1);
-                curve.push((done, last));
-                continue;
-            }
-            since.iter_mut().for_each(|s| *s = 0);
-            let avg = aggregate(&collected);
-            let arrived: u64 = collected.values().map(|a| a.tokens).sum();
-            let full = round_tokens as f64 / k as f64;
-            let n_eff = arrived as f64 / full.max(1.0);
-            // `auto` is the nodes' own step (`round_step`); a fixed ratio is an experiment.
-            let (r, scale, shared) = match self.partial_shrink {
-                Shrink::Fixed(r) => (r, partial_round_scale(r, k as f64, n_eff), None),
-                Shrink::Auto => match round_step(&collected, noise, self.aggregator) {
-                    Some(s) => {
-                        noise = s.noise;
-                        (noise.unwrap_or(0.0), s.scale, Some(s.delta))
-                    }
-                    None => (noise.unwrap_or(0.0), 1.0, None),
-                },
-                Shrink::Tensor => {
-                    let step = avg.clone().map(|mut a| {
-                        shrink_per_tensor(&mut a, &collected, &self.shapes, &mut tensor_noise, k);
-                        a
-                    });
-                    (0.0, 1.0, step)
-                }
-            };
-            for (i, sent) in missed {
-                let owed = missed_correction(&sent, avg.as_deref(), collected.len(), k, scale);
-                workers[i].3.carry(&owed);
-            }
-            let step = if self.missing == Missing::Ema && n_eff < k as f64 {
-                // s·avg + (1 − s)·(1 − μ)·b, s the arrivals' share (or the shrinkage factor).
-                let s = if r > 0.0 {
-                    scale
-                } else {
-                    (n_eff / k as f64) as f32
-                };
-                let ema = 1.0 - self.outer_momentum;
-                Some(match &avg {
-                    Some(a) => a
-                        .iter()
-                        .zip(&outer.buf)
-                        .map(|(a, b)| s * a + (1.0 - s) * ema * b)
-                        .collect(),
-                    None => outer.buf.iter().map(|b| ema * b).collect(),
-                })
-            } else if self.missing == Missing::Zero {
-                let share = arrived as f32 / round_tokens.max(1) as f32;
-                let mut step = avg.unwrap_or_else(|| vec![0.0; theta.len()]);
-                step.iter_mut().for_each(|v| *v *= share);
-                Some(step)
-            } else if shared.is_some() {
-                shared
-            } else {
-                avg.map(|mut a: Vec<f32>| {
-                    if scale < 1.0 {
-                        a.iter_mut().for_each(|v| *v *= scale);
-                    }
-                    a
-                })
+                None => aggregate(&collected),
             };
             if let Some(step) = step {
                 outer.lr = self.outer_lr_at(steps - done, h);
                 outer.step(&mut theta, &step);
             }
             for (t, ..) in workers.iter_mut() {
-                if self.reset_inner_optim {
-                    t.reset(&theta)?;
-                } else {
-                    t.load_params(&theta)?;
-                }
+                t.load_params(&theta)?;
             }
             done += n;
             emas.iter_mut().for_each(|e| e.update(&theta, n));
@@ -825,27 +520,6 @@ impl Setup {
     }
 }
 
-/// `--partial-shrink tensor`: scales each tensor of a round's mean `avg` by the short-round
-/// shrink of its own running noise ratio (`noise`, one per tensor of `shapes`, updated here).
-fn shrink_per_tensor(
-    avg: &mut [f32],
-    collected: &BTreeMap<[u8; 32], Accepted>,
-    shapes: &[Vec<usize>],
-    noise: &mut [Option<f64>],
-    planned: usize,
-) {
-    let deltas: Vec<&[f32]> = collected.values().map(|c| c.delta.as_slice()).collect();
-    let mut at = 0;
-    for (shape, r) in shapes.iter().zip(noise.iter_mut()) {
-        let len: usize = shape.iter().product();
-        let part: Vec<&[f32]> = deltas.iter().map(|d| &d[at..at + len]).collect();
-        *r = update_noise(*r, &part);
-        let s = partial_round_scale(r.unwrap_or(0.0), planned as f64, collected.len() as f64);
-        avg[at..at + len].iter_mut().for_each(|v| *v *= s);
-        at += len;
-    }
-}
-
 /// The runs the flags ask for, in order: (name, kind).
 fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     let want = |g: &str| a.runs.iter().any(|r| r == g);
@@ -868,17 +542,8 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     }
     // What every DiLoCo run of this invocation shares beyond the recipe, in its name.
     let mut schedule = String::new();
-    if a.early_rounds > 0 {
-        schedule += &format!(" early={}x{}", a.early_rounds, a.early_inner_steps);
-    }
     if a.outer_anneal_rounds > 0 {
         schedule += &format!(" anneal={}->{}", a.outer_anneal_rounds, a.outer_lr_end);
-    }
-    if a.tail_avg > 0 {
-        schedule += &format!(" tail-avg={}", a.tail_avg);
-    }
-    if a.reset_inner_optim {
-        schedule += " reset-adamw";
     }
     let diloco = |k: usize, h: u32, codec: DeltaCodec, drop: f64, suffix: String| {
         (
@@ -894,28 +559,13 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
         }
     }
     if want("codecs") {
-        let nf = if a.no_feedback { " no-feedback" } else { "" };
         for &c in &a.codecs {
-            p.push(diloco(bk, bh, c, 0.0, format!(" {c}{nf}")));
+            p.push(diloco(bk, bh, c, 0.0, format!(" {c}")));
         }
     }
     if want("drop") {
         for &d in &a.drop {
-            let mut how = match (a.carry_dropped, a.missing) {
-                (true, _) => " carried".to_string(),
-                _ if a.resend_dropped => " resent".to_string(),
-                _ if a.carry_missed => " missed-carried".to_string(),
-                (false, Missing::Zero) => " missing=zero".to_string(),
-                (false, Missing::Ema) => " missing=ema".to_string(),
-                (false, Missing::Counted) => String::new(),
-            };
-            if a.partial_shrink != Shrink::Auto {
-                how += &format!(" shrink={}", a.partial_shrink);
-            }
-            if a.quorum > 0 {
-                how += &format!(" quorum={}", a.quorum);
-            }
-            p.push(diloco(bk, bh, a.recipe.codec, d, format!(" drop={d}{how}")));
+            p.push(diloco(bk, bh, a.recipe.codec, d, format!(" drop={d}")));
         }
     }
     p
@@ -957,45 +607,13 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     if a.drop.iter().any(|d| !(0.0..1.0).contains(d)) {
         bail!("--drop probabilities must be in [0, 1)");
     }
-    if !(0.0..=1.0).contains(&a.final_lr_frac) {
-        bail!("--final-lr-frac must be in [0, 1]");
-    }
-    if !(a.inner_beta2 > 0.0 && a.inner_beta2 < 1.0) {
-        bail!("--inner-beta2 must be in (0, 1)");
-    }
-    if !(a.inner_eps > 0.0 && a.inner_eps.is_finite()) {
-        bail!("--inner-eps must be positive");
-    }
     let mut setup = Setup::new(&a.recipe, a.val_batches)?;
-    setup.carry_dropped = a.carry_dropped;
-    setup.resend_dropped = a.resend_dropped;
-    setup.carry_missed = a.carry_missed;
-    setup.no_feedback = a.no_feedback;
     setup.contiguous_shards = a.shards == "contiguous";
-    setup.inner.clip_global = a.clip == "global";
     setup.inner.threads = a.threads as usize;
-    setup.cosine = a.inner_schedule == "cosine";
-    if !(a.inner_beta1 >= 0.0 && a.inner_beta1 < 1.0) {
-        bail!("--inner-beta1 must be in [0, 1)");
-    }
     if a.eval_ema.contains(&0) {
         bail!("--eval-ema horizons must be positive");
     }
     setup.ema_horizons = a.eval_ema.clone();
-    setup.tail_avg = a.tail_avg;
-    setup.reset_inner_optim = a.reset_inner_optim;
-    setup.inner.beta1 = a.inner_beta1;
-    setup.inner.muon_ns_steps = a.muon_ns_steps as usize;
-    setup.inner.beta2 = a.inner_beta2;
-    setup.inner.epsilon = a.inner_eps;
-    setup.missing = a.missing;
-    setup.partial_shrink = a.partial_shrink;
-    setup.quorum = a.quorum;
-    setup.inner.final_lr_frac = a.final_lr_frac;
-    if a.early_rounds > 0 && a.early_inner_steps == 0 {
-        bail!("--early-inner-steps must be positive");
-    }
-    setup.early = (a.early_rounds, a.early_inner_steps);
     if !(a.outer_lr_end >= 0.0 && a.outer_lr_end.is_finite()) {
         bail!("--outer-lr-end must be a non-negative number");
     }
@@ -1345,43 +963,13 @@ mod tests {
         s.outer_anneal = (0, 0.0);
         assert_eq!(s.outer_lr_at(5, 5), 0.7);
         // Shrinking short rounds keeps a dropping swarm training.
-        s.partial_shrink = Shrink::Auto;
         let shrunk = s.run_diloco("s", 3, 5, recipe.codec, 0.5, 20).unwrap();
         assert!(
             shrunk.final_val_loss < shrunk.curve[0].1 - 0.2,
             "{:?}",
             shrunk.curve
         );
-        // Resending dropped contributions with the next ones trains too, on other steps.
-        s.partial_shrink = Shrink::Fixed(0.0);
-        let dropped = s.run_diloco("d", 3, 5, recipe.codec, 0.5, 20).unwrap();
-        s.resend_dropped = true;
-        let resent = s.run_diloco("r", 3, 5, recipe.codec, 0.5, 20).unwrap();
-        assert!(
-            resent.final_val_loss < resent.curve[0].1 - 0.2,
-            "{:?}",
-            resent.curve
-        );
-        assert_ne!(
-            resent.curve, dropped.curve,
-            "the resent work changed nothing"
-        );
-        // A quorum holds back short rounds (the curve stands still on them) and still trains;
-        // with every contribution arriving it changes nothing.
-        s.resend_dropped = false;
-        s.quorum = 2;
-        let held = s.run_diloco("q", 3, 5, recipe.codec, 0.5, 20).unwrap();
-        assert!(
-            held.final_val_loss < held.curve[0].1 - 0.2,
-            "{:?}",
-            held.curve
-        );
-        assert_ne!(held.curve, dropped.curve, "the quorum changed nothing");
-        s.quorum = 3;
-        let full = s.run_diloco("f", 3, 5, recipe.codec, 0.0, 10).unwrap();
-        s.quorum = 0;
         let plain = s.run_diloco("p", 3, 5, recipe.codec, 0.0, 10).unwrap();
-        assert_eq!(full.curve, plain.curve);
         // Averaging the parameters is evaluated beside the run, which it leaves unchanged.
         s.ema_horizons = vec![5, 1_000_000];
         let avg = s.run_diloco("a", 3, 5, recipe.codec, 0.0, 10).unwrap();
@@ -1599,14 +1187,5 @@ mod tests {
                 .iter()
                 .any(|l| l.contains("against no drops (2.0000)"))
         );
-    }
-
-    #[test]
-    fn partial_shrink_flag_parses_numbers_and_its_names_only() {
-        assert_eq!("auto".parse::<Shrink>(), Ok(Shrink::Auto));
-        assert_eq!("2".parse::<Shrink>(), Ok(Shrink::Fixed(2.0)));
-        assert!("-1".parse::<Shrink>().is_err());
-        assert!("NaN".parse::<Shrink>().is_err());
-        assert!("lots".parse::<Shrink>().is_err());
     }
 }

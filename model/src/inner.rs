@@ -1,6 +1,5 @@
 //! The DiLoCo inner loop: H AdamW steps from θ(t) on the node's own shard.
 
-use burn::grad_clipping::GradientClippingConfig;
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::decay::WeightDecayConfig;
@@ -21,32 +20,19 @@ pub struct InnerConfig {
     pub warmup_steps: u64,
     pub batch_size: usize,
     pub weight_decay: f32,
-    /// Gradient clipping by norm. 0 disables it.
+    /// Gradient clipping: the global norm of all gradients together is held to at most this
+    /// (PyTorch's `clip_grad_norm_`, what the recipe means). 0 disables it.
     pub grad_clip: f32,
-    /// Clip the global norm of all gradients together (PyTorch's `clip_grad_norm_`, what the
-    /// issue's recipe means), rather than each parameter tensor on its own (burn's clipping).
-    pub clip_global: bool,
-    /// Cosine decay of the learning rate, from the end of the warm-up to this many inner steps,
-    /// down to `lr · final_lr_frac` (held after). 0 keeps the rate constant after the warm-up.
-    pub decay_steps: u64,
-    pub final_lr_frac: f64,
     /// Threads one inner step uses: the batch is cut into this many equal parts whose
     /// gradients are computed in parallel and averaged — the same gradient as the whole batch
     /// (up to float rounding), so it is a local choice, not part of the swarm's recipe. Capped at
     /// the largest divisor of the batch size it does not exceed; 1 runs the step on the calling
     /// thread.
     pub threads: usize,
-    /// AdamW's first- and second-moment decay rates and epsilon (burn's defaults: 0.9, 0.999,
-    /// 1e-5).
-    pub beta1: f32,
-    pub beta2: f32,
-    pub epsilon: f32,
     /// Train the blocks' weight matrices with Muon (Nesterov momentum 0.95, orthogonalised
     /// updates scaled to AdamW's RMS, the same decoupled weight decay) at this multiple of
     /// the inner rate; everything else stays with AdamW. `None`: AdamW for all.
     pub muon: Option<f64>,
-    /// Newton–Schulz iterations Muon orthogonalises each update with (burn's default: 5).
-    pub muon_ns_steps: usize,
 }
 
 impl Default for InnerConfig {
@@ -57,15 +43,8 @@ impl Default for InnerConfig {
             batch_size: 16,
             weight_decay: 0.1,
             grad_clip: 1.0,
-            clip_global: true,
-            decay_steps: 0,
-            final_lr_frac: 0.1,
             threads: 1,
-            beta1: 0.9,
-            beta2: 0.999,
-            epsilon: 1e-5,
             muon: None,
-            muon_ns_steps: 5,
         }
     }
 }
@@ -81,19 +60,13 @@ impl InnerConfig {
             .unwrap_or(1)
     }
 
-    /// The learning rate of inner step `step` (0-based): linear warm-up, then constant or a
-    /// cosine decay to `lr · final_lr_frac` at `decay_steps`.
+    /// The learning rate of inner step `step` (0-based): linear warm-up, then constant.
     pub fn lr_at(&self, step: u64) -> f64 {
         let w = self.warmup_steps;
         if w > 0 && step < w {
             return self.lr * (step + 1) as f64 / w as f64;
         }
-        if self.decay_steps <= w {
-            return self.lr;
-        }
-        let progress = ((step - w) as f64 / (self.decay_steps - w) as f64).min(1.0);
-        let cos = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
-        self.lr * (self.final_lr_frac + (1.0 - self.final_lr_frac) * cos)
+        self.lr
     }
 }
 
@@ -257,23 +230,18 @@ struct Suspended {
     muon: Vec<u8>,
 }
 
+/// AdamW with burn's moment rates and epsilon (0.9, 0.999, 1e-5); gradients are clipped
+/// before it, by their global norm ([`clip_global_norm`]).
 fn fresh_adamw<B: AutodiffBackend>(cfg: &InnerConfig) -> OptimizerAdaptor<AdamW, Gpt<B>, B> {
-    let mut adamw = AdamWConfig::new()
+    AdamWConfig::new()
         .with_weight_decay(cfg.weight_decay)
-        .with_beta_1(cfg.beta1)
-        .with_beta_2(cfg.beta2)
-        .with_epsilon(cfg.epsilon);
-    if cfg.grad_clip > 0.0 && !cfg.clip_global {
-        adamw = adamw.with_grad_clipping(Some(GradientClippingConfig::Norm(cfg.grad_clip)));
-    }
-    adamw.init()
+        .init()
 }
 
 fn fresh_muon<B: AutodiffBackend>(cfg: &InnerConfig) -> Option<MuonOptim<B>> {
     cfg.muon?;
-    let mut muon = MuonConfig::new()
-        .with_adjust_lr_fn(AdjustLrFn::MatchRmsAdamW)
-        .with_ns_steps(cfg.muon_ns_steps.max(1));
+    // burn's five Newton–Schulz iterations.
+    let mut muon = MuonConfig::new().with_adjust_lr_fn(AdjustLrFn::MatchRmsAdamW);
     if cfg.weight_decay > 0.0 {
         muon = muon.with_weight_decay(Some(WeightDecayConfig::new(cfg.weight_decay)));
     }
@@ -496,7 +464,7 @@ impl<B: AutodiffBackend> InnerTrainer<B> {
                 parallel_gradients(&model, &x, &y, parts, seq, &self.device)
             };
             loss_sum += loss;
-            if self.cfg.clip_global && self.cfg.grad_clip > 0.0 {
+            if self.cfg.grad_clip > 0.0 {
                 clip_global_norm(&model, &mut grads, self.cfg.grad_clip);
             }
             let lr = self.current_lr();
@@ -676,7 +644,7 @@ mod tests {
     }
 
     #[test]
-    fn the_rate_warms_up_then_holds_or_follows_a_cosine() {
+    fn the_rate_warms_up_then_holds() {
         let c = InnerConfig {
             lr: 1e-3,
             warmup_steps: 10,
@@ -684,30 +652,7 @@ mod tests {
         };
         assert!((c.lr_at(0) - 1e-4).abs() < 1e-12);
         assert!((c.lr_at(9) - 1e-3).abs() < 1e-12);
-        assert_eq!(c.lr_at(5000), 1e-3, "constant after the warm-up by default");
-        let cos = InnerConfig {
-            decay_steps: 110,
-            final_lr_frac: 0.1,
-            ..c
-        };
-        assert!(
-            (cos.lr_at(10) - 1e-3).abs() < 1e-12,
-            "decay starts at the peak"
-        );
-        assert!(
-            (cos.lr_at(60) - 0.55e-3).abs() < 1e-9,
-            "half-way: the mean of both ends"
-        );
-        assert!((cos.lr_at(110) - 1e-4).abs() < 1e-12);
-        assert!(
-            (cos.lr_at(10_000) - 1e-4).abs() < 1e-12,
-            "held at the floor"
-        );
-        let mut last = f64::INFINITY;
-        for s in 10..=110 {
-            assert!(cos.lr_at(s) <= last);
-            last = cos.lr_at(s);
-        }
+        assert_eq!(c.lr_at(5000), 1e-3, "constant after the warm-up");
     }
 
     #[test]

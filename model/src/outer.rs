@@ -142,22 +142,6 @@ impl ErrorFeedback {
     pub fn record(&mut self, compensated: &[f32], sent: &[f32]) {
         self.residual = compensated.iter().zip(sent).map(|(c, s)| c - s).collect();
     }
-
-    /// The round closed without counting the contribution that carried `sent` (it was lost on
-    /// the way, late, or the node was cut off): carry it to the next delta too, so that the
-    /// work is delivered late instead of never. Only `bench convergence --carry-dropped` (the
-    /// whole delta) and `--carry-missed` (what the round still owed it) use it: stale work added
-    /// on top of a later round's step was measured to hurt in both forms (BENCHMARKS.md).
-    pub fn carry(&mut self, sent: &[f32]) {
-        if self.residual.len() == sent.len() {
-            self.residual
-                .iter_mut()
-                .zip(sent)
-                .for_each(|(r, s)| *r += s);
-        } else {
-            self.residual = sent.to_vec();
-        }
-    }
 }
 
 #[cfg(test)]
@@ -280,40 +264,6 @@ mod tests {
             let truth: f32 = deltas.iter().map(|d| d[i]).sum();
             assert!((sent_sum[i] + ef.residual[i] - truth).abs() < 1e-5);
         }
-    }
-
-    /// A contribution the round did not count is sent again with the next one: over rounds
-    /// where some were dropped, the sum of the counted values plus the residual is still the sum
-    /// of the true deltas.
-    #[test]
-    fn dropped_contributions_are_carried_not_lost() {
-        use nightshift_test_codec::lossy;
-        let mut ef = ErrorFeedback::default();
-        let mut counted_sum = [0f32; 30];
-        let mut truth = [0f32; 30];
-        for r in 0..12 {
-            let d: Vec<f32> = (0..30)
-                .map(|i| ((r * 30 + i) as f32 * 0.31).cos() * 0.02)
-                .collect();
-            truth.iter_mut().zip(&d).for_each(|(t, x)| *t += x);
-            let mut c = d.clone();
-            ef.compensate(&mut c);
-            let sent = lossy(&c);
-            ef.record(&c, &sent);
-            if r % 3 == 1 {
-                ef.carry(&sent);
-            } else {
-                counted_sum.iter_mut().zip(&sent).for_each(|(s, x)| *s += x);
-            }
-        }
-        for i in 0..30 {
-            assert!(
-                (counted_sum[i] + ef.residual[i] - truth[i]).abs() < 1e-5,
-                "index {i}"
-            );
-        }
-        // The last round was counted, so what is left is only the codec's rounding.
-        assert!(ef.residual.iter().all(|r| r.abs() <= 0.005 + 1e-6));
     }
 
     /// A crude lossy codec for the test: keep one decimal of the value scaled by 100.

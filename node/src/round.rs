@@ -323,10 +323,8 @@ impl<B: AutodiffBackend> Driver<B> {
             batch_size: m.training.batch_size as usize,
             weight_decay: m.training.weight_decay,
             grad_clip: m.training.grad_clip,
-            clip_global: true,
             threads: opts.threads,
             muon: m.training.inner_optimizer.muon_lr_mult(),
-            ..InnerConfig::default()
         };
         let trainer = InnerTrainer::<B>::new(&cfg, inner, &state.params, &device)?;
         let me = opts.key.verifying_key().to_bytes();

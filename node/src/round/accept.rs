@@ -142,37 +142,6 @@ pub fn encode_delta(
     Ok((enc, sent))
 }
 
-/// A contribution that a round did not count (it arrived too late or was lost): its decoded
-/// delta and tokens, to be sent again with the worker's next contribution. Only `bench
-/// convergence --resend-dropped` does this: the stale work made the final loss worse than losing
-/// it (BENCHMARKS.md), so nodes do not resend, and peers refuse a contribution that claims more
-/// than one round's tokens.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Late {
-    pub delta: Vec<f32>,
-    pub tokens: u64,
-}
-
-/// Folds a late contribution into this round's: moves `local` so that `base − local` becomes the
-/// token-weighted mean of the late delta and this round's own, and returns the tokens of both.
-/// Averaged with weight = those tokens, the merged contribution counts exactly as the two would
-/// have counted apart (Σ wᵢΔᵢ / Σ wᵢ is unchanged by merging two terms into their weighted mean).
-pub fn merge_late(base: &[f32], local: &mut [f32], tokens: u64, late: &Late) -> u64 {
-    let total = tokens + late.tokens;
-    if late.delta.len() != local.len() || total == 0 {
-        return tokens;
-    }
-    let (w_late, w_own) = (
-        late.tokens as f64 / total as f64,
-        tokens as f64 / total as f64,
-    );
-    for ((l, b), d) in local.iter_mut().zip(base).zip(&late.delta) {
-        let own = (*b - *l) as f64;
-        *l = (*b as f64 - (w_late * *d as f64 + w_own * own)) as f32;
-    }
-    total
-}
-
 /// The token-weighted mean of the accepted deltas, in sender order (the same on every node).
 pub fn aggregate(accepted: &BTreeMap<[u8; 32], Accepted>) -> Option<Vec<f32>> {
     aggregate_with(accepted, Aggregator::Mean)
@@ -253,29 +222,6 @@ pub fn round_step(
     })
 }
 
-/// What a contribution that a round did not count should add to its sender's next delta (its
-/// error-feedback residual) so that, delivered later, the swarm ends where the full round would
-/// have taken it: its own delta less its share of what the round already applied. The full
-/// round's mean is `(arrived·m + Σ missed Δ) / planned`; the round applied `scale·m` (`m` the
-/// mean of what arrived); spreading the difference over the `planned − arrived` missed senders
-/// gives each `Δ − m·(planned·scale − arrived)/(planned − arrived)`. Carrying the whole delta
-/// instead counts again what the others' deltas already moved θ by (measured: it overshoots).
-/// Equal tokens per contribution are assumed; `mean` is `None` when nothing arrived.
-pub fn missed_correction(
-    own: &[f32],
-    mean: Option<&[f32]>,
-    arrived: usize,
-    planned: usize,
-    scale: f32,
-) -> Vec<f32> {
-    let Some(m) = mean.filter(|m| m.len() == own.len()) else {
-        return own.to_vec();
-    };
-    let missed = planned.saturating_sub(arrived).max(1) as f32;
-    let f = (planned as f32 * scale - arrived as f32) / missed;
-    own.iter().zip(m).map(|(d, m)| d - f * m).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,42 +229,6 @@ mod tests {
     use nightshift_protocol::signed::EnvelopeHeader;
 
     const N: usize = 64;
-
-    #[test]
-    fn missed_corrections_complete_the_round_they_missed() {
-        let deltas = [
-            vec![1.0f32, -2.0, 0.5],
-            vec![3.0, 1.0, -1.0],
-            vec![-1.0, 0.0, 2.0],
-            vec![0.5, 4.0, 1.0],
-        ];
-        let full: Vec<f32> = (0..3)
-            .map(|j| deltas.iter().map(|d| d[j]).sum::<f32>() / 4.0)
-            .collect();
-        for (arrived, scale) in [(1usize, 0.3f32), (2, 0.8), (3, 1.0), (0, 1.0)] {
-            let mean: Option<Vec<f32>> = (arrived > 0).then(|| {
-                (0..3)
-                    .map(|j| deltas[..arrived].iter().map(|d| d[j]).sum::<f32>() / arrived as f32)
-                    .collect()
-            });
-            // What the round applied, plus every missed sender's correction delivered later
-            // (spread over the planned contributions), is the full round's mean.
-            for j in 0..3 {
-                let applied = mean.as_ref().map_or(0.0, |m| scale * m[j]);
-                let carried: f32 = deltas[arrived..]
-                    .iter()
-                    .map(|d| missed_correction(d, mean.as_deref(), arrived, 4, scale)[j])
-                    .sum::<f32>()
-                    / 4.0;
-                assert!(
-                    (applied + carried - full[j]).abs() < 1e-5,
-                    "arrived {arrived}, scale {scale}: {} vs {}",
-                    applied + carried,
-                    full[j]
-                );
-            }
-        }
-    }
 
     fn key(i: u8) -> SigningKey {
         SigningKey::from_bytes(&[i; 32])
@@ -381,53 +291,6 @@ mod tests {
             delta::encode(DeltaCodec::Fp32, &d),
             tokens,
         )
-    }
-
-    #[test]
-    fn a_late_contribution_merged_into_the_next_averages_as_if_both_had_arrived() {
-        let base = vec![1.0f32, -2.0, 0.5];
-        let late = Late {
-            delta: vec![0.3, 0.0, -0.1],
-            tokens: 1000,
-        };
-        let own = [0.1f32, 0.2, 0.0];
-        let mut local: Vec<f32> = base.iter().zip(&own).map(|(b, d)| b - d).collect();
-        let tokens = merge_late(&base, &mut local, 500, &late);
-        assert_eq!(tokens, 1500);
-        let other = [0.0f32, 0.6, 0.3];
-        let merged: Vec<f32> = base.iter().zip(&local).map(|(b, l)| b - l).collect();
-        let mut together = BTreeMap::new();
-        let mut apart = BTreeMap::new();
-        let put = |m: &mut BTreeMap<[u8; 32], Accepted>, i: u8, d: &[f32], tokens| {
-            m.insert(
-                [i; 32],
-                Accepted {
-                    sender: [i; 32],
-                    digest: Hash32::default(),
-                    tokens,
-                    train_loss: 0.0,
-                    delta: d.to_vec(),
-                    expected: 3,
-                },
-            );
-        };
-        put(&mut together, 1, &merged, tokens);
-        put(&mut together, 2, &other, 2000);
-        put(&mut apart, 1, &late.delta, 1000);
-        put(&mut apart, 3, &own, 500);
-        put(&mut apart, 2, &other, 2000);
-        let (a, b) = (aggregate(&together).unwrap(), aggregate(&apart).unwrap());
-        for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() < 1e-6, "{a:?} vs {b:?}");
-        }
-        // A late delta of the wrong length (another model) is ignored.
-        let mut l2 = local.clone();
-        let short = Late {
-            delta: vec![1.0],
-            tokens: 9,
-        };
-        assert_eq!(merge_late(&base, &mut l2, 500, &short), 500);
-        assert_eq!(l2, local);
     }
 
     #[test]
