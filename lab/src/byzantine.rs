@@ -159,26 +159,6 @@ pub struct ByzantineReport {
     pub runs: Vec<ByzantineRun>,
 }
 
-/// The commit this binary runs from, as git tells it here (with `-dirty` for local changes).
-pub fn commit_here() -> String {
-    let run = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    match run(&["rev-parse", "--short=12", "HEAD"]) {
-        Some(c) => {
-            let dirty = run(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
-            if dirty { format!("{c}-dirty") } else { c }
-        }
-        None => "unknown".into(),
-    }
-}
-
 /// The inverse of the standard normal CDF (Acklam's rational approximation, relative error
 /// below 1.2e-9), for ALIE's z.
 fn inv_normal(p: f64) -> f64 {
@@ -443,7 +423,7 @@ pub fn run_byzantine(a: ByzantineArgs) -> anyhow::Result<ByzantineReport> {
         ..SwarmSettings::default()
     };
     let config = ByzantineConfig {
-        commit: commit_here(),
+        commit: crate::results::commit_here(),
         preset: a.preset.clone(),
         inner_steps: a.inner_steps,
         steps: a.steps,

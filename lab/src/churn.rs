@@ -45,7 +45,7 @@ impl ChurnArgs {
 }
 
 /// Flags of `nightshift-lab churn`. The recipe flags are those of `swarm init`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Serialize)]
 pub struct ChurnArgs {
     /// Nodes in the churning pool (the stable swarms have N/2 and N).
     #[arg(long, default_value_t = 4)]
@@ -641,8 +641,12 @@ pub async fn run_churn(args: ChurnArgs) -> anyhow::Result<Vec<ChurnRun>> {
         );
     }
     if let Some(p) = &args.json {
-        std::fs::write(p, serde_json::to_string_pretty(&runs)?)
-            .with_context(|| format!("cannot write {}", p.display()))?;
+        crate::results::Recorded {
+            commit: crate::results::commit_here(),
+            config: &args,
+            runs: runs.clone(),
+        }
+        .write(p)?;
         println!("wrote {}", p.display());
     }
     let plot = args.plot.clone().unwrap_or_else(|| dir.join("churn.svg"));

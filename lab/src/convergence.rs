@@ -46,7 +46,7 @@ pub struct ReportArgs {
 
 /// Flags of `nightshift-lab convergence`. The recipe flags (`--preset`, `--inner-lr`, `--codec`,
 /// `--inner-steps` = the base H, ...) are those of `swarm init`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Serialize)]
 pub struct ConvergenceArgs {
     /// Run groups to include: single (T steps), single-long (K·T steps: the same tokens as the
     /// K-worker runs), sync, diloco (the K × H grid), codecs, drop.
@@ -630,6 +630,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     );
     print_header();
     let mut results: Vec<RunResult> = vec![];
+    let commit = crate::results::commit_here();
     for (name, kind) in runs {
         let r = match kind {
             Kind::Single { mult, steps } => setup.run_single(&name, steps, mult, a.eval_every)?,
@@ -640,12 +641,25 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
         print_row(&r);
         results.push(r);
         if let Some(p) = &a.json {
-            std::fs::write(p, serde_json::to_string_pretty(&results)?)
-                .with_context(|| format!("cannot write {}", p.display()))?;
+            crate::results::Recorded {
+                commit: commit.clone(),
+                config: &a,
+                runs: results.clone(),
+            }
+            .write(p)?;
         }
     }
     finish(&results, a.plot.as_deref())?;
     Ok(results)
+}
+
+/// A `--json` file: `{"commit", "config", "runs"}`, or the bare list of runs that files written
+/// before the configuration was recorded hold.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ConvergenceFile {
+    Recorded { runs: Vec<RunResult> },
+    Runs(Vec<RunResult>),
 }
 
 /// `nightshift-lab report`: earlier runs' JSON files as one table.
@@ -657,13 +671,16 @@ pub fn run_report(a: ReportArgs) -> anyhow::Result<Vec<RunResult>> {
     for f in &a.files {
         let text =
             std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
-        let runs: Vec<RunResult> = serde_json::from_str(&text).with_context(|| {
+        let file: ConvergenceFile = serde_json::from_str(&text).with_context(|| {
             format!(
                 "{} is not the JSON of `nightshift-lab convergence --json`",
                 f.display()
             )
         })?;
-        results.extend(runs);
+        results.extend(match file {
+            ConvergenceFile::Recorded { runs } => runs,
+            ConvergenceFile::Runs(runs) => runs,
+        });
     }
     if !a.at.is_empty() {
         results =

@@ -13,6 +13,7 @@ mod byzantine;
 mod churn;
 mod convergence;
 mod replay;
+mod results;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;

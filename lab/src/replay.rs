@@ -77,7 +77,7 @@ pub fn run_replay(a: ReplayArgs) -> anyhow::Result<ReplayReport> {
         (1..=256).contains(&a.contributors) && a.repeats >= 1,
         "--contributors must be within 1..=256 and --repeats at least 1"
     );
-    let commit = crate::byzantine::commit_here();
+    let commit = crate::results::commit_here();
     println!(
         "bench replay: {} contributions a round, codec {}, commit {commit}",
         a.contributors, a.codec

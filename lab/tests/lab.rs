@@ -36,9 +36,15 @@ fn churn_reports_yields_joins_and_no_lost_rounds() {
         json.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let runs: serde_json::Value =
+    let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let runs = runs.as_array().unwrap();
+    // The file records what produced it: the commit and every flag.
+    assert!(
+        file["commit"].as_str().is_some_and(|c| !c.is_empty()),
+        "{file}"
+    );
+    assert_eq!(file["config"]["max_secs"], 16.0, "{file}");
+    let runs = file["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
     let churn = runs.iter().find(|r| r["name"] == "churn").unwrap();
     for field in [
@@ -106,6 +112,23 @@ fn report_joins_runs_written_by_separate_processes() {
     assert!(text.contains("x sync's"), "{text}");
     let svg = std::fs::read_to_string(path("all.svg")).unwrap();
     assert!(svg.contains("diloco k=2 h=10") && svg.contains("sync k=2"));
+    // Each file records the commit and every flag that produced it.
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path("diloco.json")).unwrap()).unwrap();
+    assert!(
+        file["commit"].as_str().is_some_and(|c| !c.is_empty()),
+        "{file}"
+    );
+    assert_eq!(file["config"]["steps"], 20);
+    assert_eq!(file["config"]["recipe"]["preset"], "tiny");
+    // Files written before the configuration was recorded (a bare list of runs) still read.
+    let old = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/bench/grid/sixteenth/h25-m07-whole-diloco-s42.json"
+    );
+    let o = lab(&["report", old]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("diloco k=4 h=25"));
 
     std::fs::write(path("bad.json"), "{\"not\": \"runs\"}").unwrap();
     for (file, says) in [

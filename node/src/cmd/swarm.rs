@@ -18,7 +18,7 @@ pub enum SwarmCommand {
 
 /// Settings of a new swarm. The defaults are [`SwarmSettings::default`]'s; why each default
 /// was chosen is in docs/DESIGN-NOTES.md ("Why the defaults").
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, serde::Serialize)]
 pub struct SwarmFlags {
     /// Model preset: tiny, small, medium or large.
     #[arg(long, default_value = "small")]
