@@ -10,6 +10,7 @@
 pub mod codec;
 mod event_loop;
 pub mod limits;
+mod served;
 
 pub use codec::{TrafficCounters, WireCodec};
 pub use event_loop::{

@@ -14,11 +14,8 @@ use libp2p::{
     Multiaddr, PeerId, StreamProtocol, Swarm, Transport, allow_block_list, connection_limits,
     identify, noise, ping, pnet, tcp, yamux,
 };
-use nightshift_protocol::message::{MAX_CHUNK_BYTES, open_window, window_key};
-use nightshift_protocol::{
-    Hash32, Request, Response, SignedEnvelope, SignedManifest, StateChunk, StateSnapshot, Status,
-    wire,
-};
+use nightshift_protocol::message::{open_window, window_key};
+use nightshift_protocol::{Hash32, Request, Response, SignedEnvelope, Status, wire};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -29,70 +26,16 @@ use super::StatusCheck;
 use super::codec::{TrafficCounters, WireCodec};
 use super::limits::{PeerLimits, Verdict};
 
+mod inbound;
+
+pub use super::served::{Served, encode_state};
+
 /// How long one request may take before it fails.
 pub const REQUEST_TIMEOUT_SECS: u64 = 120;
 /// How long a window record lives in Kademlia without a refresh.
 pub const WINDOW_TTL_SECS: u64 = 600;
 /// How often the node looks for more swarm peers through Kademlia.
 const DISCOVERY_INTERVAL_MS: u64 = 2000;
-
-/// What a node serves to peers without asking the round task.
-#[derive(Debug)]
-pub struct Served {
-    /// The node's signed status ([`nightshift_protocol::sign_status`]).
-    pub status: Option<Arc<SignedEnvelope>>,
-    /// Verified contributions by (round, sender).
-    pub contributions: HashMap<(u64, [u8; 32]), Arc<SignedEnvelope>>,
-    /// Hash of the genesis state θ(0), served as long as the node runs.
-    pub genesis: Option<Hash32>,
-    pub manifest: Option<Arc<SignedManifest>>,
-    /// Encoded states by hash (genesis and the current state), served in chunks to joiners.
-    pub encoded: HashMap<Hash32, Arc<Vec<u8>>>,
-}
-
-impl Served {
-    /// Nothing served yet but the manifest.
-    pub fn new(manifest: Option<SignedManifest>) -> Self {
-        Served {
-            status: None,
-            contributions: HashMap::new(),
-            genesis: None,
-            manifest: manifest.map(Arc::new),
-            encoded: HashMap::new(),
-        }
-    }
-
-    /// Serves the genesis state θ(0) (hash `hash`, encoding `bytes`) in chunks.
-    pub fn set_genesis(&mut self, hash: Hash32, bytes: Arc<Vec<u8>>) {
-        self.encoded.insert(hash, bytes);
-        self.genesis = Some(hash);
-    }
-
-    /// Serves the state whose hash is `hash` and encoding `bytes` as the current state, in
-    /// chunks; the previous current state stops being served, the genesis stays.
-    pub fn set_state(&mut self, hash: Hash32, bytes: Arc<Vec<u8>>) {
-        let keep = self.genesis;
-        self.encoded.retain(|h, _| Some(*h) == keep);
-        self.encoded.insert(hash, bytes);
-    }
-
-    fn chunk(&self, hash: &Hash32, offset: u64, len: u32) -> Option<StateChunk> {
-        let bytes = self.encoded.get(hash)?;
-        let total = bytes.len() as u64;
-        let start = offset.min(total) as usize;
-        let end = (offset.saturating_add(u64::from(len.min(MAX_CHUNK_BYTES)))).min(total) as usize;
-        Some(StateChunk {
-            total,
-            offset: start as u64,
-            bytes: bytes[start..end].to_vec(),
-        })
-    }
-}
-
-/// The wire encoding of a state, as served in chunks.
-pub fn encode_state(s: &StateSnapshot) -> Arc<Vec<u8>> {
-    Arc::new(wire::encode(s))
-}
 
 /// One pushed contribution waiting in the round task's queue; dropping it (once the event is
 /// handled) frees the sender's slot. A peer may have [`MAX_QUEUED_PUSHES_PER_PEER`] queued, so
@@ -720,184 +663,6 @@ impl EventLoop {
                 }
             }
             _ => {}
-        }
-    }
-
-    fn on_rr(&mut self, ev: request_response::Event<Request, Response>) {
-        use request_response::{Event, Message};
-        match ev {
-            Event::Message {
-                peer,
-                message:
-                    Message::Request {
-                        request,
-                        channel,
-                        request_id,
-                    },
-                ..
-            } => {
-                self.on_request(peer, request_id, request, channel);
-            }
-            Event::Message {
-                message:
-                    Message::Response {
-                        request_id,
-                        response,
-                    },
-                ..
-            } => {
-                if let Some(reply) = self.pending.remove(&request_id) {
-                    let _ = reply.send(Ok(response));
-                }
-            }
-            Event::OutboundFailure {
-                request_id,
-                error,
-                peer,
-                ..
-            } => {
-                if let Some(reply) = self.pending.remove(&request_id) {
-                    let _ = reply.send(Err(anyhow::anyhow!("request to {peer} failed: {error}")));
-                }
-            }
-            Event::InboundFailure {
-                peer,
-                error,
-                request_id,
-                ..
-            } => {
-                self.done_inbound(peer, request_id);
-                debug!(%peer, %error, "inbound request failed");
-            }
-            Event::ResponseSent {
-                peer, request_id, ..
-            } => self.done_inbound(peer, request_id),
-        }
-    }
-
-    fn done_inbound(&mut self, peer: PeerId, id: InboundRequestId) {
-        if let Some(b) = self.inflight_bytes.remove(&id) {
-            self.inflight_total = self.inflight_total.saturating_sub(b);
-        }
-        if let Some(set) = self.inflight.get_mut(&peer) {
-            set.remove(&id);
-            if set.is_empty() {
-                self.inflight.remove(&peer);
-            }
-        }
-    }
-
-    /// Answers or forwards one inbound request. A request from a peer outside the swarm's
-    /// allowlist, over its rate or with too many requests in flight is dropped unanswered (the
-    /// channel closes); a status that does not check is dropped with its reason logged.
-    fn on_request(
-        &mut self,
-        peer: PeerId,
-        id: InboundRequestId,
-        request: Request,
-        channel: ResponseChannel<Response>,
-    ) {
-        if !self.admits(&peer) {
-            debug!(%peer, "dropped a request from outside the swarm");
-            self.swarm.disconnect_peer_id(peer).ok();
-            return;
-        }
-        let inflight = self.inflight.get(&peer).map_or(0, |s| s.len());
-        let push = matches!(request, Request::Push(_));
-        match self.limits.check(
-            peer,
-            push,
-            inflight >= MAX_INFLIGHT_PER_PEER,
-            Instant::now(),
-        ) {
-            Verdict::Serve => {}
-            Verdict::Drop { warn_now } => {
-                if warn_now {
-                    warn!(%peer, dropped = self.limits.dropped(&peer), "peer exceeds its request rate; dropping its requests");
-                }
-                return;
-            }
-            Verdict::Disconnect => {
-                warn!(%peer, "peer keeps flooding requests; disconnecting it");
-                self.swarm.disconnect_peer_id(peer).ok();
-                return;
-            }
-        }
-        let response = match request {
-            Request::Push(envelope) => {
-                let queued = self.queued_pushes.entry(peer).or_default().clone();
-                if queued.load(std::sync::atomic::Ordering::Relaxed) >= MAX_QUEUED_PUSHES_PER_PEER {
-                    debug!(%peer, "dropped a push: the peer has too many waiting");
-                    Response::Refused("too many contributions waiting".into())
-                } else {
-                    queued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    self.forward(NetEvent::ContributionPushed {
-                        peer,
-                        envelope,
-                        ticket: PushTicket(queued),
-                    });
-                    Response::Ack
-                }
-            }
-            Request::Announce(envelope) => {
-                match self.status_check.open(&peer, &envelope, super::unix_ms()) {
-                    Ok(status) => self.forward(NetEvent::StatusAnnounced { peer, status }),
-                    Err(e) => debug!(%peer, reason = %e, "status refused"),
-                }
-                Response::Ack
-            }
-            Request::GetStateChunk { .. } if self.inflight_total >= MAX_INFLIGHT_CHUNK_BYTES => {
-                Response::Refused("busy: too many state chunks in flight; ask again".into())
-            }
-            other => self.answer(other),
-        };
-        let chunk_bytes = match &response {
-            Response::StateChunk(Some(c)) => c.bytes.len() as u64,
-            _ => 0,
-        };
-        if self
-            .swarm
-            .behaviour_mut()
-            .rr
-            .send_response(channel, response)
-            .is_err()
-        {
-            debug!(%peer, "peer went away before the response was sent");
-        } else {
-            self.inflight.entry(peer).or_default().insert(id);
-            if chunk_bytes > 0 {
-                self.inflight_bytes.insert(id, chunk_bytes);
-                self.inflight_total += chunk_bytes;
-            }
-        }
-    }
-
-    fn answer(&self, request: Request) -> Response {
-        let Ok(served) = self.served.read() else {
-            return Response::Refused("node is shutting down".into());
-        };
-        match request {
-            Request::GetStatus => match &served.status {
-                Some(s) => Response::Status((**s).clone()),
-                None => Response::Refused("not ready".into()),
-            },
-            Request::GetContribution { round, sender } => Response::Contribution(
-                served
-                    .contributions
-                    .get(&(round, sender))
-                    .map(|e| (**e).clone()),
-            ),
-            // A whole state in one frame would copy it for every asker: states go in chunks.
-            Request::GetState { .. } => {
-                Response::Refused("states are served in chunks (GetStateChunk)".into())
-            }
-            Request::GetManifest => {
-                Response::Manifest(served.manifest.as_ref().map(|m| Box::new((**m).clone())))
-            }
-            Request::GetStateChunk { hash, offset, len } => {
-                Response::StateChunk(served.chunk(&hash, offset, len))
-            }
-            Request::Push(_) | Request::Announce(_) => Response::Ack,
         }
     }
 }

@@ -1,0 +1,67 @@
+//! What a node serves to peers without asking the round task: its signed status, the
+//! contributions it verified, the manifest, and encoded states in chunks.
+
+use nightshift_protocol::message::MAX_CHUNK_BYTES;
+use nightshift_protocol::{
+    Hash32, SignedEnvelope, SignedManifest, StateChunk, StateSnapshot, wire,
+};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What a node serves to peers without asking the round task.
+#[derive(Debug)]
+pub struct Served {
+    /// The node's signed status ([`nightshift_protocol::sign_status`]).
+    pub status: Option<Arc<SignedEnvelope>>,
+    /// Verified contributions by (round, sender).
+    pub contributions: HashMap<(u64, [u8; 32]), Arc<SignedEnvelope>>,
+    /// Hash of the genesis state θ(0), served as long as the node runs.
+    pub genesis: Option<Hash32>,
+    pub manifest: Option<Arc<SignedManifest>>,
+    /// Encoded states by hash (genesis and the current state), served in chunks to joiners.
+    pub encoded: HashMap<Hash32, Arc<Vec<u8>>>,
+}
+
+impl Served {
+    /// Nothing served yet but the manifest.
+    pub fn new(manifest: Option<SignedManifest>) -> Self {
+        Served {
+            status: None,
+            contributions: HashMap::new(),
+            genesis: None,
+            manifest: manifest.map(Arc::new),
+            encoded: HashMap::new(),
+        }
+    }
+
+    /// Serves the genesis state θ(0) (hash `hash`, encoding `bytes`) in chunks.
+    pub fn set_genesis(&mut self, hash: Hash32, bytes: Arc<Vec<u8>>) {
+        self.encoded.insert(hash, bytes);
+        self.genesis = Some(hash);
+    }
+
+    /// Serves the state whose hash is `hash` and encoding `bytes` as the current state, in
+    /// chunks; the previous current state stops being served, the genesis stays.
+    pub fn set_state(&mut self, hash: Hash32, bytes: Arc<Vec<u8>>) {
+        let keep = self.genesis;
+        self.encoded.retain(|h, _| Some(*h) == keep);
+        self.encoded.insert(hash, bytes);
+    }
+
+    pub(crate) fn chunk(&self, hash: &Hash32, offset: u64, len: u32) -> Option<StateChunk> {
+        let bytes = self.encoded.get(hash)?;
+        let total = bytes.len() as u64;
+        let start = offset.min(total) as usize;
+        let end = (offset.saturating_add(u64::from(len.min(MAX_CHUNK_BYTES)))).min(total) as usize;
+        Some(StateChunk {
+            total,
+            offset: start as u64,
+            bytes: bytes[start..end].to_vec(),
+        })
+    }
+}
+
+/// The wire encoding of a state, as served in chunks.
+pub fn encode_state(s: &StateSnapshot) -> Arc<Vec<u8>> {
+    Arc::new(wire::encode(s))
+}

@@ -1,0 +1,251 @@
+use super::*;
+use nightshift_protocol::NodeRole;
+use nightshift_protocol::message::Phase;
+
+fn recipe(members: Option<Vec<[u8; 32]>>, quorum: u32) -> Recipe {
+    Recipe {
+        swarm_id: Hash32::default(),
+        allowlist: members,
+        bootstraps: vec![[0xB0; 32]],
+        attest_quorum: quorum,
+        num_params: 4,
+        shapes: Arc::new(vec![vec![4]]),
+        codec: DeltaCodec::Fp32,
+        max_tokens: 100,
+        aggregator: Aggregator::Mean,
+        outer_lr: 0.7,
+        outer_momentum: 0.7,
+    }
+}
+
+fn claim(round: u64, tag: &[u8], formed: usize, signers: &[[u8; 32]]) -> Claim {
+    Claim {
+        round,
+        hash: Hash32::of(&[tag]),
+        formed_by: (1..=formed as u8)
+            .map(|i| ContributionId {
+                sender: [i; 32],
+                digest: Hash32::of(&[&[i]]),
+            })
+            .collect(),
+        holders: signers.iter().map(|_| PeerId::random()).collect(),
+        signers: signers.to_vec(),
+    }
+}
+
+fn held(round: u64, formed: usize) -> Held {
+    Held {
+        round,
+        hash: Hash32::of(&[b"ours"]),
+        formed,
+    }
+}
+
+fn contribution(key: u8, round: u64, base_hash: Hash32, values: &[f32]) -> Arc<SignedEnvelope> {
+    use nightshift_protocol::signed::EnvelopeHeader;
+    use nightshift_protocol::{Contribution, PayloadKind, delta, wire};
+    let c = Contribution {
+        tokens: 50,
+        inner_steps: 5,
+        train_loss: 1.0,
+        delta: delta::encode(DeltaCodec::Fp32, values),
+        expected: 2,
+    };
+    let h = EnvelopeHeader {
+        kind: PayloadKind::Contribution,
+        swarm_id: Hash32::default(),
+        round,
+        sender: [0; 32],
+        base_hash,
+    };
+    let k = ed25519_dalek::SigningKey::from_bytes(&[key; 32]);
+    Arc::new(SignedEnvelope::sign(&k, h, wire::encode(&c)))
+}
+
+#[test]
+fn a_replayed_round_verifies_only_the_state_its_contributions_form() {
+    let r = recipe(None, 0);
+    let base = StateSnapshot {
+        round: 3,
+        params: vec![1.0, 2.0, 3.0, 4.0],
+        momentum: vec![0.1; 4],
+        formed_by: vec![],
+        noise: None,
+    };
+    let bh = base.hash();
+    let envs = vec![
+        contribution(1, 3, bh, &[0.1, 0.0, -0.1, 0.2]),
+        contribution(2, 3, bh, &[0.3, 0.1, 0.0, 0.0]),
+    ];
+    // The honest result, as a node computes its own round.
+    let ctx = r.context(3, bh);
+    let set: BTreeMap<[u8; 32], Accepted> = envs
+        .iter()
+        .map(|e| {
+            let a = accept(&ctx, e).unwrap();
+            (a.sender, a)
+        })
+        .collect();
+    let (honest, _) = r.apply(&base, &set).unwrap();
+    let ok = replay_round(&r, &base, bh, envs.clone(), honest.hash()).unwrap();
+    assert_eq!(ok.state, honest);
+    assert_eq!(ok.state.formed_by.len(), 2);
+    // A made-up state (all zeros) is not what these contributions form.
+    let forged = StateSnapshot {
+        round: 4,
+        params: vec![0.0; 4],
+        momentum: vec![0.0; 4],
+        formed_by: honest.formed_by.clone(),
+        noise: None,
+    };
+    assert!(matches!(
+        replay_round(&r, &base, bh, envs.clone(), forged.hash()),
+        Err(ReplayError::Mismatch { .. })
+    ));
+    // The state names each contribution by its digest: a sender that signed two different
+    // contributions for the round (equivocation) cannot have its other one stand in.
+    let mut ids: Vec<ContributionId> = envs.iter().map(|e| ContributionId::of(e)).collect();
+    ids.sort_unstable();
+    assert_eq!(ok.state.formed_by, ids);
+    let other = vec![
+        envs[0].clone(),
+        contribution(2, 3, bh, &[0.3, 0.1, 0.0, 0.5]),
+    ];
+    assert_eq!(other[1].header.sender, envs[1].header.sender);
+    assert!(matches!(
+        replay_round(&r, &base, bh, other, honest.hash()),
+        Err(ReplayError::Mismatch { .. })
+    ));
+    // The genesis relabelled as a later round is not either.
+    let mut relabelled = base.clone();
+    relabelled.round = 4;
+    assert!(replay_round(&r, &base, bh, envs.clone(), relabelled.hash()).is_err());
+    // A contribution bound to another base state is refused, whatever the claim.
+    let stale = vec![
+        envs[0].clone(),
+        contribution(3, 3, Hash32::of(&[b"other"]), &[1.0; 4]),
+    ];
+    assert!(matches!(
+        replay_round(&r, &base, bh, stale, honest.hash()),
+        Err(ReplayError::Refused { .. })
+    ));
+    // So is one of an outsider in a swarm with an allowlist.
+    let private = recipe(Some(vec![envs[0].header.sender]), 1);
+    assert!(matches!(
+        replay_round(&private, &base, bh, envs, honest.hash()),
+        Err(ReplayError::Refused { .. })
+    ));
+}
+
+#[test]
+fn a_state_formed_by_more_contributions_is_preferred_then_the_smaller_hash() {
+    let (a, b) = (Hash32::of(&[b"a"]), Hash32::of(&[b"b"]));
+    assert_eq!(preferred((3, a), (2, b)), Ordering::Less);
+    assert_eq!(preferred((2, a), (3, b)), Ordering::Greater);
+    assert_eq!(preferred((2, a), (2, b)), a.cmp(&b));
+}
+
+#[test]
+fn an_outsiders_or_lone_members_far_future_claim_is_not_attested() {
+    let members = vec![[1; 32], [2; 32], [3; 32], [4; 32]];
+    let r = recipe(Some(members), 2);
+    let lone = claim(50, b"x", 1, &[[1; 32]]);
+    let outsider = claim(50, b"x", 1, &[[9; 32], [8; 32], [7; 32]]);
+    let two = claim(50, b"x", 3, &[[1; 32], [2; 32]]);
+    let twice = claim(50, b"x", 3, &[[1; 32], [1; 32]]);
+    let boot = claim(50, b"x", 3, &[[0xB0; 32]]);
+    assert!(!r.attested(&lone));
+    assert!(!r.attested(&outsider));
+    assert!(r.attested(&two));
+    assert!(!r.attested(&twice), "one member counted once");
+    assert!(r.attested(&boot));
+    // An open swarm: any number of member signatures attest nothing; a bootstrap does.
+    let open = recipe(None, 0);
+    assert!(!open.attested(&outsider));
+    assert!(open.attested(&boot));
+    // Far ahead, only attested claims are candidates.
+    let c = candidates(
+        &r,
+        held(3, 3),
+        &[lone.clone(), two.clone()],
+        &Rejections::default(),
+    );
+    assert_eq!(c, vec![Candidate::Attested(two)]);
+}
+
+#[test]
+fn candidates_put_forks_first_then_one_round_ahead_then_attested_far() {
+    let r = recipe(Some(vec![[1; 32], [2; 32], [3; 32]]), 1);
+    let ours = held(5, 2);
+    let smaller_fork = claim(5, b"f1", 1, &[[1; 32]]);
+    let bigger_fork = claim(5, b"f2", 3, &[[2; 32]]);
+    let next_small = claim(6, b"n1", 1, &[[9; 32]]);
+    let next_big = claim(6, b"n2", 3, &[[9; 32]]);
+    let far = claim(9, b"far", 3, &[[3; 32]]);
+    let all = [
+        smaller_fork.clone(),
+        next_small.clone(),
+        far.clone(),
+        bigger_fork.clone(),
+        next_big.clone(),
+    ];
+    let c = candidates(&r, ours, &all, &Rejections::default());
+    assert_eq!(
+        c,
+        vec![
+            Candidate::Fork(bigger_fork.clone()),
+            Candidate::Ahead(next_big.clone()),
+            Candidate::Ahead(next_small.clone()),
+            Candidate::Attested(far.clone()),
+        ]
+    );
+    // However many members sign a fork or the next round, it is replayed, never taken on
+    // their word: only a claim too far ahead to replay can be attested.
+    assert!(
+        c.iter()
+            .all(|x| !matches!(x, Candidate::Attested(a) if a.round <= ours.round + 1))
+    );
+    // A claim that failed to verify is not tried again.
+    let mut rejected = Rejections::default();
+    rejected.note(&next_big, true);
+    let c = candidates(&r, ours, &all, &rejected);
+    assert!(
+        !c.contains(&Candidate::Ahead(next_big)),
+        "rejected claims are skipped"
+    );
+    // So are other claims signed only by peers whose claims failed: a peer inventing a new
+    // state every second costs one verification per REJECT_SECS.
+    assert!(!c.contains(&Candidate::Ahead(next_small)), "{c:?}");
+    assert!(c.contains(&Candidate::Attested(far)));
+}
+
+#[test]
+fn statuses_group_into_claims_and_a_repeated_contributor_claims_nothing() {
+    let keys: Vec<ed25519_dalek::SigningKey> = (1..=3u8)
+        .map(|i| ed25519_dalek::SigningKey::from_bytes(&[i; 32]))
+        .collect();
+    let peers: Vec<PeerId> = keys
+        .iter()
+        .map(|k| crate::net::libp2p_keypair(k).public().to_peer_id())
+        .collect();
+    let id = |i: u8| ContributionId {
+        sender: [i; 32],
+        digest: Hash32::of(&[&[i]]),
+    };
+    let st = |formed: Vec<ContributionId>| Status {
+        role: NodeRole::Trainer,
+        phase: Phase::Ready,
+        round: 4,
+        state_hash: Hash32::of(&[b"h"]),
+        formed_by: formed,
+        holding: vec![],
+        unix_ms: 0,
+    };
+    let a = st(vec![id(2), id(1)]);
+    let b = st(vec![id(1), id(2)]);
+    let dup = st(vec![id(1), id(1)]);
+    let claims = group_claims([(peers[0], &a), (peers[1], &b), (peers[2], &dup)]);
+    assert_eq!(claims.len(), 1);
+    assert_eq!(claims[0].holders, vec![peers[0], peers[1]]);
+    assert_eq!(claims[0].formed_by, vec![id(1), id(2)]);
+}
