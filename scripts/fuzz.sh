@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzzes every decoder a peer can reach (protocol/tests/fuzz.rs) with N inputs per target in a
+# Fuzzes every decoder a peer can reach (protocol/tests/fuzz/) with N inputs per target in a
 # release build of the protocol crate alone, and prints one line per target.
 #
 #   scripts/fuzz.sh [N] [SUMMARY_FILE]
