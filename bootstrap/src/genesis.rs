@@ -80,18 +80,18 @@ impl Default for SwarmSettings {
             preset: "small".into(),
             data: None,
             // H = 25 ended as low as H = 50 at T = 1000 and lost half as much to dropped
-            // contributions (BENCHMARKS.md, sixteenth pass).
+            // contributions (docs/bench/HISTORY.md, sixteenth pass).
             inner_steps: 25,
             batch_size: 16,
-            // Behind a 200-step warm-up, 3e-3 trained DiLoCo best at T = 1000 (BENCHMARKS.md).
+            // Behind a 200-step warm-up, 3e-3 trained DiLoCo best at T = 1000 (docs/bench/HISTORY.md).
             inner_lr: 3e-3,
             warmup_steps: 200,
             weight_decay: 0.1,
             grad_clip: 1.0,
-            // Muon for the matrices ended DiLoCo and sync several percent lower (BENCHMARKS.md).
+            // Muon for the matrices ended DiLoCo and sync several percent lower (docs/bench/HISTORY.md).
             inner_optimizer: InnerOptimizer::Muon { lr_mult: 1.0 },
             outer_lr: 0.7,
-            // 0.7 at H = 25: as low as 0.8 without drops, lower with them (BENCHMARKS.md).
+            // 0.7 at H = 25: as low as 0.8 without drops, lower with them (docs/bench/HISTORY.md).
             outer_momentum: 0.7,
             // int4 was free against fp32 at T = 1000 (BENCHMARKS.md) and sends half of int8.
             codec: DeltaCodec::Int4 { block: 64 },
@@ -101,7 +101,7 @@ impl Default for SwarmSettings {
             allowlist: vec![],
             bootstraps: vec![],
             attest_quorum: None,
-            // Free without an attacker, bounded with one (BENCHMARKS.md, bench byzantine).
+            // Free without an attacker, bounded with one (BENCHMARKS.md, trust).
             aggregator: Aggregator::ROBUST,
             psk: None,
         }

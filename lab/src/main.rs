@@ -16,7 +16,6 @@ mod replay;
 mod results;
 
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
 
 /// Training allocates and frees many tensor buffers of the same few sizes every step: mimalloc,
 /// as in the `nightshift` binary, so that timings match the product's.
@@ -73,27 +72,8 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_from_env("NIGHTSHIFT_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("warn,nightshift_node=info,nightshift_lab=info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(execute(cli)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    nightshift_node::cmd::common::run_main(
+        "warn,nightshift_node=info,nightshift_lab=info",
+        execute(cli),
+    )
 }

@@ -83,7 +83,7 @@ impl GptConfig {
 /// each added to the residual stream.
 ///
 /// Written here rather than taken from burn-nn's `TransformerEncoder` for speed on the CPU
-/// (BENCHMARKS.md, "Where the inner loop's time goes"): the residual stream stays a 2-D
+/// (docs/bench/HISTORY.md, "Where the inner loop's time goes"): the residual stream stays a 2-D
 /// `[batch·seq, d_model]` matrix, so every linear layer is one large matrix product forwards and
 /// backwards (burn's default linear on 3-D input runs one small product per batch row and sums
 /// the weight gradients over the batch), Q, K and V come from one fused projection, and the

@@ -1,6 +1,6 @@
 //! Robust aggregation: combining a round's pseudo-gradients so that a minority of malicious
 //! contributions can move the result by a bounded amount only. (A coordinate-wise trimmed mean
-//! was measured beside centered clipping and ended worse with 3 of 8 attackers; BENCHMARKS.md.)
+//! was measured beside centered clipping and ended worse with 3 of 8 attackers; docs/bench/HISTORY.md.)
 //!
 //! Every function here is plain arithmetic over the given contributions in the given order, with
 //! f64 accumulation and medians taken by a total order, so every node that aggregates the same

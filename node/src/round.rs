@@ -460,11 +460,18 @@ impl<B: AutodiffBackend> Driver<B> {
         self.announce(Phase::Ready).await;
         // Wait for company once, before the first round; later a swarm goes on with whoever is left.
         let ready = self.done() || self.wait_for_peers().await;
+        let mut trained = false;
         let reason = loop {
             if self.shutting_down() || !ready {
                 break "shutdown";
             }
             if self.done() {
+                if trained {
+                    // No next round's align will repair a fork of the last round: look once
+                    // more before leaving (a peer that counted more contributions wins, as
+                    // in every round, and only once its state replays).
+                    self.align().await;
+                }
                 break "finished";
             }
             if !self.available() {
@@ -501,6 +508,7 @@ impl<B: AutodiffBackend> Driver<B> {
             }
             match self.one_round().await? {
                 Outcome::Completed => {
+                    trained = true;
                     self.waited_for_round = false;
                     self.diverged_in_a_row = 0;
                 }

@@ -12,7 +12,7 @@ pub const POWER_ITERS: usize = 2;
 /// Subspace iterations when starting from the previous round's `Q`. PowerSGD uses one; three
 /// cost four more products of the matrix with a thin factor (little beside an inner step) and
 /// cut what `lowrank:23:256` costs over fp32 DiLoCo from +1.04 % (one) and +0.69 % (two) to
-/// +0.42 % on the mean of five seeds at H = 10 (BENCHMARKS.md, twelfth pass): the
+/// +0.42 % on the mean of five seeds at H = 10 (docs/bench/HISTORY.md, twelfth pass): the
 /// pseudo-gradient's top subspace moves between rounds, and one iteration lags it.
 pub const WARM_ITERS: usize = 3;
 

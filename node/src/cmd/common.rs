@@ -163,3 +163,36 @@ pub(crate) async fn fetch_manifest(
          private swarm answers its members only, and needs --swarm-key if it has a swarm.key)"
     )
 }
+
+/// What a command-line binary's `main` does: logs to stderr (`NIGHTSHIFT_LOG` overrides
+/// `default_log`, an `EnvFilter` directive), runs `command` on a multi-threaded runtime, and
+/// prints its error for the user.
+pub fn run_main<F>(default_log: &str, command: F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_env("NIGHTSHIFT_LOG").unwrap_or_else(|_| EnvFilter::new(default_log));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -48,7 +48,11 @@ impl<B: AutodiffBackend> Driver<B> {
         group_claims(
             self.statuses
                 .iter()
-                .filter(|(p, s)| self.connected.contains(p) && s.phase != Phase::Done)
+                // A peer that finished its rounds still holds a state of ours to compare with.
+                .filter(|(p, s)| {
+                    self.connected.contains(p)
+                        && (s.phase != Phase::Done || s.round == self.state.round)
+                })
                 .map(|(p, s)| (*p, s)),
         )
     }
