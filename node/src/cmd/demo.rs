@@ -100,22 +100,22 @@ fn exe() -> anyhow::Result<PathBuf> {
     nightshift_exe()
 }
 
-/// The `nightshift` executable that local swarms start: `$NIGHTSHIFT_BIN` when set, this very
-/// executable when it is `nightshift`, else the `nightshift` beside it (as `nightshift-lab`
-/// finds it in cargo's target directory).
+/// The `nightshift` executable that local swarms start: `$NIGHTSHIFT_BIN` when set; from
+/// `nightshift-lab`, the `nightshift` beside it (as cargo's target directory has them); else this
+/// very executable, whatever its name.
 ///
 /// # Errors
-/// When none of these exists.
+/// When this executable cannot be found, or `nightshift-lab` has no `nightshift` beside it.
 pub fn nightshift_exe() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("NIGHTSHIFT_BIN") {
         return Ok(PathBuf::from(p));
     }
     let me = std::env::current_exe().context("cannot find this executable")?;
-    let name = format!("nightshift{}", std::env::consts::EXE_SUFFIX);
-    if me.file_name().is_some_and(|n| n == name.as_str()) {
+    let lab = format!("nightshift-lab{}", std::env::consts::EXE_SUFFIX);
+    if me.file_name().is_none_or(|n| n != lab.as_str()) {
         return Ok(me);
     }
-    let beside = me.with_file_name(&name);
+    let beside = me.with_file_name(format!("nightshift{}", std::env::consts::EXE_SUFFIX));
     anyhow::ensure!(
         beside.exists(),
         "cannot find the nightshift executable beside {}: build it (`cargo build --release -p \
