@@ -6,6 +6,8 @@
 //!   ([`churn`]).
 //! - `byzantine` — robust aggregation under attack, in one process ([`byzantine`]).
 //! - `replay` — what verifying a state by replay costs ([`replay`]).
+//! - `sim` — a deterministic simulator: the daemon's round machine on every node, an in-memory
+//!   network, a virtual clock ([`sim`]).
 //!
 //! Every result file records its configuration, the commit and the seed.
 
@@ -14,6 +16,7 @@ mod churn;
 mod convergence;
 mod replay;
 mod results;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -44,6 +47,9 @@ enum Command {
     /// Robust aggregation under attack: K workers of which some are malicious, every attack with
     /// the plain mean and the robust aggregator, against the honest workers alone.
     Byzantine(byzantine::ByzantineArgs),
+    /// A deterministic simulation of a swarm: every node runs the daemon's round machine over
+    /// an in-memory network on a virtual clock, with a stand-in model.
+    Sim(sim::SimArgs),
     /// What verifying a state by replay costs (verify, decode, aggregate, outer step, hash) at
     /// each model preset, and the size of a signed status.
     Replay(replay::ReplayArgs),
@@ -62,6 +68,9 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Byzantine(a) => {
             tokio::task::spawn_blocking(move || byzantine::run_byzantine(a)).await??;
+        }
+        Command::Sim(a) => {
+            tokio::task::spawn_blocking(move || sim::run_sim(a)).await??;
         }
         Command::Replay(a) => {
             tokio::task::spawn_blocking(move || replay::run_replay(a)).await??;

@@ -296,9 +296,9 @@ impl Follower {
                         && s.role == NodeRole::Trainer
                         && s.phase != Phase::Done
                 })
-                .map(|(p, s)| (*p, s)),
+                .filter_map(|(p, s)| Some((crate::net::public_key_of(p)?, s))),
         );
-        self.rejected.prune();
+        self.rejected.prune(crate::net::mono_ms());
         let held = Held {
             round: self.state.round,
             hash: self.hash,

@@ -2,8 +2,10 @@
 //!
 //! # Layout
 //! - [`net`] — the swarm-owning event loop, its handle, and the wire codec.
-//! - [`round`] — the trainer: rounds, collection, reconciliation, outer step ([`round::accept`]
-//!   holds the pure rules: acceptance, aggregation, canonical state).
+//! - [`machine`] — the round's rules as a pure state machine (no I/O, no clock): acceptance,
+//!   aggregation, verification by replay, the stages of a round; the simulator runs it.
+//! - [`round`] — the trainer: rounds, collection, reconciliation, outer step, over libp2p, sled
+//!   and burn.
 //! - [`bootstrap_node`] — the node others dial first.
 //! - [`store`] — sled: identity, manifest, checkpoints (pruned), resumable state downloads.
 //! - [`idle`] — idle detection: sources (NVML, schedule, CPU load, files, cycles, manual) and a
@@ -22,6 +24,7 @@ pub mod cmd;
 pub mod control;
 pub mod events;
 pub mod idle;
+pub mod machine;
 pub mod net;
 pub mod plot;
 pub mod round;

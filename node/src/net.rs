@@ -29,6 +29,16 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Milliseconds on a monotonic clock since this process first asked: the daemon's clock for the
+/// round machine's rules (which take time as an argument).
+pub fn mono_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
 /// Keeps `status` as `peer`'s in `book` unless the one held is newer (an older status arriving
 /// late, or replayed, changes nothing). Returns whether it was kept.
 pub fn note_newest(

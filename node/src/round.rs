@@ -21,7 +21,7 @@
 //! encode, push, collect, reconcile, step, checkpoint); `accept` and `verify` hold the pure
 //! rules, `sync` state downloads, `windows` the idle window's record and budget.
 
-pub mod accept;
+pub use crate::machine::accept;
 mod align;
 mod collect;
 mod one_round;

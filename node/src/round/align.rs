@@ -53,7 +53,7 @@ impl<B: AutodiffBackend> Driver<B> {
                     self.connected.contains(p)
                         && (s.phase != Phase::Done || s.round == self.state.round)
                 })
-                .map(|(p, s)| (*p, s)),
+                .filter_map(|(p, s)| Some((crate::net::public_key_of(p)?, s))),
         )
     }
 
@@ -66,7 +66,7 @@ impl<B: AutodiffBackend> Driver<B> {
             hash: self.hash,
             formed: self.state.formed_by.len(),
         };
-        self.rejected.prune();
+        self.rejected.prune(crate::net::mono_ms());
         let list = candidates(&self.recipe, held, &claims, &self.rejected);
         if list.is_empty() {
             return false;

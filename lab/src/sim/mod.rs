@@ -1,0 +1,317 @@
+//! `nightshift-lab sim`: a deterministic simulator of a swarm. Every node runs the round machine
+//! the daemon's rules live in (`nightshift_node::machine`) — real contributions, signatures,
+//! codecs, verification, aggregation and outer step — over an in-memory network with per-link
+//! latency, per-node bandwidth and loss, on a virtual clock, with an optional crash schedule.
+//! Training is a stand-in (a noisy quadratic, [`trainer`]) so that a thousand nodes fit one
+//! machine. The same seed writes the same file.
+
+#[cfg(test)]
+mod tests;
+mod trainer;
+mod world;
+
+use anyhow::Context;
+use clap::Args;
+use ed25519_dalek::SigningKey;
+use nightshift_node::machine::Config;
+use nightshift_node::machine::rules::Recipe;
+use nightshift_protocol::{Aggregator, DeltaCodec, Hash32, Manifest};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::results::commit_here;
+use world::World;
+
+/// Nominal tokens one inner step of the stand-in trains (for weights and budgets).
+pub const TOKENS_PER_STEP: u64 = 1024;
+
+/// `nightshift-lab sim`.
+#[derive(Args, Clone, Debug, Serialize, Deserialize)]
+pub struct SimArgs {
+    /// Nodes in the swarm.
+    #[arg(long, default_value_t = 1000)]
+    pub nodes: usize,
+    /// Rounds each node runs.
+    #[arg(long, default_value_t = 20)]
+    pub rounds: u64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write the per-round results here.
+    #[arg(long)]
+    #[serde(skip)]
+    pub json: Option<PathBuf>,
+    /// Parameters of the stand-in model.
+    #[arg(long, default_value_t = 1024)]
+    pub params: usize,
+    /// Peers each node dials (links are both ways, so most nodes end with more); a swarm no
+    /// larger than this is fully connected.
+    #[arg(long, default_value_t = 32)]
+    pub degree: usize,
+    /// One-way latency of every link, plus up to `--jitter-ms` drawn per link.
+    #[arg(long, default_value_t = 20)]
+    pub latency_ms: u64,
+    #[arg(long, default_value_t = 60)]
+    pub jitter_ms: u64,
+    /// Each node's upload bandwidth.
+    #[arg(long, default_value_t = 50.0)]
+    pub up_mbps: f64,
+    /// Each node's download bandwidth.
+    #[arg(long, default_value_t = 200.0)]
+    pub down_mbps: f64,
+    /// Probability that a message is lost.
+    #[arg(long, default_value_t = 0.0)]
+    pub loss: f64,
+    /// Milliseconds per inner step of the median node.
+    #[arg(long, default_value_t = 200.0)]
+    pub step_ms: f64,
+    /// Speeds spread log-uniformly over [1/(1+s), 1+s] × the median.
+    #[arg(long, default_value_t = 0.5)]
+    pub speed_spread: f64,
+    /// Inner steps per round (H).
+    #[arg(long, default_value_t = 25)]
+    pub inner_steps: u32,
+    /// The swarm's round deadline.
+    #[arg(long, default_value_t = 60)]
+    pub deadline_secs: u64,
+    /// Every this many virtual seconds a random node is killed (kill -9; 0: never) ...
+    #[arg(long, default_value_t = 0.0)]
+    pub crash_every_secs: f64,
+    /// ... and restarts from its checkpoint this much later.
+    #[arg(long, default_value_t = 30.0)]
+    pub down_secs: f64,
+    /// A private swarm: every node on the allowlist, and the manifest's default quorum attests
+    /// a state for a node too far behind to replay (an open swarm has no bootstrap here, so such
+    /// a node cannot catch up).
+    #[arg(long)]
+    pub private: bool,
+    /// Contribution codec.
+    #[arg(long, default_value = "int4:64", value_parser = parse_codec)]
+    #[serde(with = "codec_str")]
+    pub codec: DeltaCodec,
+    /// Stop after this much virtual time even if nodes have rounds left.
+    #[arg(long, default_value_t = 7200)]
+    pub max_virtual_secs: u64,
+}
+
+fn parse_codec(s: &str) -> Result<DeltaCodec, String> {
+    s.parse::<DeltaCodec>().map_err(|e| e.to_string())
+}
+
+mod codec_str {
+    use nightshift_protocol::DeltaCodec;
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<S: Serializer>(c: &DeltaCodec, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&c.to_string())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DeltaCodec, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One round of the simulated swarm: θ(`round`) and the traffic of the round that formed it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RoundRow {
+    /// r: the row describes the round that formed θ(r) from θ(r−1).
+    pub round: u64,
+    /// Nodes that came to hold θ(r).
+    pub nodes_completed: usize,
+    /// Distinct hashes of θ(r) among them, each node counted by the state it ended with (1: the
+    /// swarm agrees).
+    pub distinct_state_hashes: usize,
+    /// Distinct hashes each node first formed for θ(r) (more than `distinct_state_hashes` when
+    /// forks were repaired).
+    pub distinct_first_hashes: usize,
+    /// Bytes each node sent and received while holding θ(r−1): the largest, the median.
+    pub bytes_up_max: u64,
+    pub bytes_up_median: u64,
+    pub bytes_down_max: u64,
+    /// Virtual seconds between the median node holding θ(r−1) and holding θ(r).
+    pub round_secs: f64,
+    /// The stand-in's loss at the θ(r) most nodes hold.
+    pub val_loss: Option<f32>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    pub nodes_finished: usize,
+    pub virtual_secs: f64,
+    pub inputs_handled: u64,
+    pub crashes: u64,
+    pub states_synced: u64,
+    pub failures: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SimResult {
+    pub commit: String,
+    pub config: SimArgs,
+    pub rounds: Vec<RoundRow>,
+    pub summary: Summary,
+}
+
+/// The node keys of a simulated swarm, drawn from the seed.
+fn secrets(n: usize, seed: u64) -> Vec<[u8; 32]> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6B65_7973);
+    (0..n)
+        .map(|_| {
+            let mut s = [0u8; 32];
+            rng.fill(&mut s);
+            s
+        })
+        .collect()
+}
+
+/// The machines' settings, as a manifest with `args`' settings would give them.
+fn template(args: &SimArgs, keys: &[[u8; 32]]) -> Config {
+    let allowlist = args.private.then(|| keys.to_vec());
+    let members = allowlist.as_ref().map_or(0, Vec::len);
+    let recipe = Recipe {
+        swarm_id: Hash32::of(&[b"nightshift-sim", &args.seed.to_le_bytes()]),
+        allowlist,
+        bootstraps: vec![],
+        attest_quorum: if members > 0 {
+            Manifest::default_attest_quorum(members)
+        } else {
+            0
+        },
+        num_params: args.params,
+        shapes: Arc::new(vec![vec![args.params]]),
+        codec: args.codec,
+        max_tokens: u64::from(args.inner_steps) * TOKENS_PER_STEP,
+        aggregator: Aggregator::ROBUST,
+        outer_lr: 0.7,
+        outer_momentum: 0.7,
+    };
+    Config {
+        key: SigningKey::from_bytes(&[0; 32]),
+        recipe: Arc::new(recipe),
+        inner_steps: args.inner_steps,
+        round_deadline_ms: args.deadline_secs * 1000,
+        round_tokens: f64::from(args.inner_steps) * TOKENS_PER_STEP as f64,
+        // As `nightshift run` does: wait for one peer (a restarted node learns where the swarm is).
+        min_peers: usize::from(args.nodes > 1),
+        rounds: Some(args.rounds),
+    }
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// Runs one simulation.
+pub fn simulate(args: &SimArgs) -> SimResult {
+    let secrets = secrets(args.nodes, args.seed);
+    let keys: Vec<[u8; 32]> = secrets
+        .iter()
+        .map(|s| SigningKey::from_bytes(s).verifying_key().to_bytes())
+        .collect();
+    let mut world = World::new(args, args.seed, template(args, &keys), &secrets);
+    world.run(args.max_virtual_secs * 1000);
+    if std::env::var_os("NIGHTSHIFT_SIM_DUMP").is_some() {
+        eprint!("{}", world.dump());
+    }
+    let mut rows = vec![];
+    let mut prev_at = 0.0;
+    for r in 1..=args.rounds {
+        let held = world.held(r);
+        let last: std::collections::BTreeSet<_> = held.iter().filter_map(|h| h.last).collect();
+        let first: std::collections::BTreeSet<_> = held.iter().filter_map(|h| h.first).collect();
+        let at = median(held.iter().map(|h| h.at).collect()) as f64 / 1000.0;
+        let bytes = world.bytes(r - 1);
+        rows.push(RoundRow {
+            round: r,
+            nodes_completed: held.len(),
+            distinct_state_hashes: last.len(),
+            distinct_first_hashes: first.len(),
+            bytes_up_max: bytes.iter().map(|b| b.0).max().unwrap_or(0),
+            bytes_up_median: median(bytes.iter().map(|b| b.0).collect()),
+            bytes_down_max: bytes.iter().map(|b| b.1).max().unwrap_or(0),
+            round_secs: if held.is_empty() { 0.0 } else { at - prev_at },
+            val_loss: world.majority_loss(r),
+        });
+        if !held.is_empty() {
+            prev_at = at;
+        }
+    }
+    SimResult {
+        commit: commit_here(),
+        config: args.clone(),
+        rounds: rows,
+        summary: Summary {
+            nodes_finished: world.finished(),
+            virtual_secs: world.now as f64 / 1000.0,
+            inputs_handled: world.inputs,
+            crashes: world.crashes,
+            states_synced: world.synced,
+            failures: world.failures.clone(),
+        },
+    }
+}
+
+/// `nightshift-lab sim`: runs, prints a table, writes the JSON.
+///
+/// # Errors
+/// When the settings cannot run or the file cannot be written.
+pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.nodes >= 1, "--nodes must be at least 1");
+    anyhow::ensure!(args.params >= 1, "--params must be at least 1");
+    anyhow::ensure!(
+        (0.0..1.0).contains(&args.loss),
+        "--loss is a probability below 1"
+    );
+    anyhow::ensure!(
+        args.up_mbps > 0.0 && args.down_mbps > 0.0 && args.step_ms > 0.0,
+        "bandwidths and --step-ms must be positive"
+    );
+    let t0 = std::time::Instant::now();
+    let result = simulate(&args);
+    let wall = t0.elapsed().as_secs_f64();
+    println!(
+        "{:>5} {:>6} {:>6} {:>6} {:>12} {:>12} {:>12} {:>9} {:>9}",
+        "round", "nodes", "hashes", "first", "up max", "up median", "down max", "secs", "loss"
+    );
+    for r in &result.rounds {
+        println!(
+            "{:>5} {:>6} {:>6} {:>6} {:>12} {:>12} {:>12} {:>9.1} {:>9}",
+            r.round,
+            r.nodes_completed,
+            r.distinct_state_hashes,
+            r.distinct_first_hashes,
+            r.bytes_up_max,
+            r.bytes_up_median,
+            r.bytes_down_max,
+            r.round_secs,
+            r.val_loss.map_or("-".into(), |l| format!("{l:.5}"))
+        );
+    }
+    let s = &result.summary;
+    let node_rounds: usize = result.rounds.iter().map(|r| r.nodes_completed).sum();
+    println!(
+        "{} of {} nodes finished; {:.0} virtual s in {:.1} s wall; {} node-rounds, {:.0} node-rounds/s; {} inputs; {} crashes; {} states synced",
+        s.nodes_finished,
+        args.nodes,
+        s.virtual_secs,
+        wall,
+        node_rounds,
+        node_rounds as f64 / wall.max(1e-9),
+        s.inputs_handled,
+        s.crashes,
+        s.states_synced
+    );
+    for f in &s.failures {
+        println!("failed: {f}");
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}

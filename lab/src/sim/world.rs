@@ -1,0 +1,737 @@
+//! The simulated world: N round machines, a virtual clock, an in-memory network with per-link
+//! latency, per-node bandwidth and loss, a stand-in trainer, and a crash schedule. Everything is
+//! drawn from one seed and events run in (time, sequence) order, so a seed replays bit for bit.
+
+use ed25519_dalek::SigningKey;
+use nightshift_node::machine::{Config, How, Input, Key, Millis, Output, RoundMachine, Trained};
+use nightshift_protocol::{Hash32, SignedEnvelope, StateSnapshot, Status, wire};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::Arc;
+
+use super::SimArgs;
+use super::trainer::Objective;
+
+/// Bytes a signed envelope adds to its payload (header, signature, framing).
+const ENVELOPE_BYTES: u64 = 180;
+/// Bytes of a request (a status or contribution look-up).
+const REQUEST_BYTES: u64 = 64;
+/// How long a lost request takes to fail (libp2p's request time-out).
+const REQUEST_TIMEOUT_MS: Millis = 10_000;
+/// How often each machine's timers are checked.
+const TICK_MS: Millis = 300;
+
+/// What one node's machine saw of one round.
+#[derive(Clone, Debug, Default)]
+pub struct Held {
+    /// The first and the last hash it held for θ(r), and when it first held θ(r).
+    pub first: Option<Hash32>,
+    pub last: Option<Hash32>,
+    pub at: Millis,
+}
+
+struct Node {
+    key: Key,
+    secret: [u8; 32],
+    machine: Option<RoundMachine>,
+    /// Bumped on every crash: events for an earlier life are dropped.
+    epoch: u32,
+    neighbours: Vec<usize>,
+    up_free: f64,
+    down_free: f64,
+    /// Milliseconds per inner step.
+    step_ms: f64,
+    served_status: Option<Status>,
+    served: BTreeMap<(u64, Key), Arc<SignedEnvelope>>,
+    /// The last checkpoint (what a restart resumes from) and its hash.
+    checkpoint: Arc<StateSnapshot>,
+    checkpoint_hash: Hash32,
+    rng: ChaCha8Rng,
+    finished: bool,
+    /// Bytes sent and received while holding θ(r), by r.
+    up: BTreeMap<u64, u64>,
+    down: BTreeMap<u64, u64>,
+    /// Per round r: the hashes it held for θ(r).
+    held: BTreeMap<u64, Held>,
+}
+
+enum Ev {
+    Deliver {
+        to: usize,
+        epoch: u32,
+        input: Input,
+    },
+    Request {
+        to: usize,
+        from: usize,
+        epoch: u32,
+        req: Req,
+    },
+    Tick {
+        node: usize,
+        epoch: u32,
+    },
+    Crash {
+        node: usize,
+    },
+    Restart {
+        node: usize,
+    },
+}
+
+enum Req {
+    Status,
+    Contribution { round: u64, sender: Key },
+    State { round: u64, hash: Hash32 },
+}
+
+pub struct World {
+    pub now: Millis,
+    nodes: Vec<Node>,
+    index: HashMap<Key, usize>,
+    queue: BinaryHeap<Reverse<(Millis, u64, usize)>>,
+    events: Vec<Option<Ev>>,
+    free: Vec<usize>,
+    seq: u64,
+    rng: ChaCha8Rng,
+    objective: Objective,
+    template: Config,
+    /// Validation loss of each state hash seen.
+    losses: HashMap<Hash32, f32>,
+    args: SimArgs,
+    seed: u64,
+    /// Inputs handled (a measure of the simulator's work).
+    pub inputs: u64,
+    pub crashes: u64,
+    /// States adopted from peers (verified), over all nodes.
+    pub synced: u64,
+    pub failures: Vec<String>,
+    /// Print every note as it happens (NIGHTSHIFT_SIM_DUMP).
+    trace: bool,
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+impl World {
+    pub fn new(args: &SimArgs, seed: u64, template: Config, secrets: &[[u8; 32]]) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let n = args.nodes;
+        let objective = Objective::new(args.params, seed);
+        let genesis = Arc::new(objective.genesis());
+        let genesis_hash = genesis.hash();
+        let genesis_loss = objective.val_loss(&genesis.params);
+        let mut nodes: Vec<Node> = (0..n)
+            .map(|i| {
+                let secret = secrets[i];
+                let key = SigningKey::from_bytes(&secret);
+                // Speeds spread log-uniformly over ±spread.
+                let f: f64 = rng.random_range(-1.0..=1.0);
+                let step_ms = args.step_ms * (1.0 + args.speed_spread).powf(f);
+                Node {
+                    key: key.verifying_key().to_bytes(),
+                    secret,
+                    machine: Some(RoundMachine::new(
+                        Config {
+                            key,
+                            ..template.clone()
+                        },
+                        (*genesis).clone(),
+                    )),
+                    epoch: 0,
+                    neighbours: vec![],
+                    up_free: 0.0,
+                    down_free: 0.0,
+                    step_ms,
+                    served_status: None,
+                    served: BTreeMap::new(),
+                    checkpoint: genesis.clone(),
+                    checkpoint_hash: genesis_hash,
+                    rng: ChaCha8Rng::seed_from_u64(splitmix(seed ^ (i as u64 + 1))),
+                    finished: false,
+                    up: BTreeMap::new(),
+                    down: BTreeMap::new(),
+                    held: BTreeMap::from([(
+                        0,
+                        Held {
+                            first: Some(genesis_hash),
+                            last: Some(genesis_hash),
+                            at: 0,
+                        },
+                    )]),
+                }
+            })
+            .collect();
+        // Links: each node dials `degree` others at random (all of them in a small swarm).
+        let mut links = vec![std::collections::BTreeSet::new(); n];
+        for i in 0..n {
+            if args.degree + 1 >= n {
+                links[i].extend((0..n).filter(|j| *j != i));
+                continue;
+            }
+            while links[i].len() < args.degree {
+                let j = rng.random_range(0..n);
+                if j != i {
+                    links[i].insert(j);
+                    links[j].insert(i);
+                }
+            }
+        }
+        for (node, l) in nodes.iter_mut().zip(links) {
+            node.neighbours = l.into_iter().collect();
+        }
+        let index = nodes.iter().enumerate().map(|(i, n)| (n.key, i)).collect();
+        let mut w = World {
+            now: 0,
+            nodes,
+            index,
+            queue: BinaryHeap::new(),
+            events: vec![],
+            free: vec![],
+            seq: 0,
+            rng,
+            objective,
+            template,
+            losses: HashMap::from([(genesis_hash, genesis_loss)]),
+            args: args.clone(),
+            seed,
+            inputs: 0,
+            crashes: 0,
+            synced: 0,
+            failures: vec![],
+            trace: std::env::var_os("NIGHTSHIFT_SIM_DUMP").is_some(),
+        };
+        for i in 0..n {
+            w.boot(i);
+        }
+        if args.crash_every_secs > 0.0 {
+            let at = (args.crash_every_secs * 1000.0) as Millis;
+            let node = w.rng.random_range(0..n);
+            w.schedule(at, Ev::Crash { node });
+        }
+        w
+    }
+
+    fn schedule(&mut self, at: Millis, ev: Ev) {
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.events[s] = Some(ev);
+                s
+            }
+            None => {
+                self.events.push(Some(ev));
+                self.events.len() - 1
+            }
+        };
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq, slot)));
+    }
+
+    /// A node starts (or restarts): it connects to its live neighbours and starts its machine.
+    fn boot(&mut self, i: usize) {
+        let epoch = self.nodes[i].epoch;
+        let now = self.now;
+        self.deliver_at(now, i, Input::Start);
+        for j in self.nodes[i].neighbours.clone() {
+            if self.nodes[j].machine.is_some() {
+                let lat = self.latency(i, j);
+                self.deliver_at(now + lat, i, Input::Connected(self.nodes[j].key));
+                let k = self.nodes[i].key;
+                self.deliver_at(now + lat, j, Input::Connected(k));
+            }
+        }
+        let phase = splitmix(self.seed ^ i as u64) % TICK_MS;
+        self.schedule(now + 1 + phase, Ev::Tick { node: i, epoch });
+    }
+
+    fn deliver_at(&mut self, at: Millis, to: usize, input: Input) {
+        let epoch = self.nodes[to].epoch;
+        self.schedule(at, Ev::Deliver { to, epoch, input });
+    }
+
+    /// One-way latency of the link between `a` and `b` (the same both ways).
+    fn latency(&self, a: usize, b: usize) -> Millis {
+        let (lo, hi) = (a.min(b) as u64, a.max(b) as u64);
+        let jitter = if self.args.jitter_ms > 0 {
+            splitmix(self.seed ^ (lo << 32) ^ hi) % (self.args.jitter_ms + 1)
+        } else {
+            0
+        };
+        self.args.latency_ms + jitter
+    }
+
+    fn round_of(&self, i: usize) -> u64 {
+        self.nodes[i]
+            .machine
+            .as_ref()
+            .map_or(0, RoundMachine::round)
+    }
+
+    /// When `bytes` sent now from `a` reach `b`: after `a`'s uplink, the link's latency and
+    /// `b`'s downlink, each a FIFO at its bandwidth. `None` when the message is lost.
+    fn transfer(&mut self, a: usize, b: usize, bytes: u64) -> Option<Millis> {
+        let (ra, rb) = (self.round_of(a), self.round_of(b));
+        *self.nodes[a].up.entry(ra).or_default() += bytes;
+        let up_ms = bytes as f64 * 8.0 / (self.args.up_mbps * 1e3);
+        let down_ms = bytes as f64 * 8.0 / (self.args.down_mbps * 1e3);
+        let depart = self.nodes[a].up_free.max(self.now as f64) + up_ms;
+        self.nodes[a].up_free = depart;
+        if self.args.loss > 0.0 && self.rng.random_bool(self.args.loss) {
+            return None;
+        }
+        *self.nodes[b].down.entry(rb).or_default() += bytes;
+        let arrive = depart + self.latency(a, b) as f64;
+        let done = self.nodes[b].down_free.max(arrive) + down_ms;
+        self.nodes[b].down_free = done;
+        Some(done.ceil() as Millis)
+    }
+
+    /// Sends `input` from `a` to `b` as a message of `bytes`.
+    fn send(&mut self, a: usize, b: usize, bytes: u64, input: Input) {
+        if let Some(at) = self.transfer(a, b, bytes) {
+            self.deliver_at(at, b, input);
+        }
+    }
+
+    /// A request from `a` to `b`; a lost one fails after the time-out.
+    fn request(&mut self, a: usize, b: usize, req: Req) {
+        let epoch = self.nodes[a].epoch;
+        match self.transfer(a, b, REQUEST_BYTES) {
+            Some(at) => self.schedule(
+                at,
+                Ev::Request {
+                    to: b,
+                    from: a,
+                    epoch,
+                    req,
+                },
+            ),
+            None => {
+                let failed = self.failed_answer(b, &req);
+                self.deliver_at(self.now + REQUEST_TIMEOUT_MS, a, failed);
+            }
+        }
+    }
+
+    fn failed_answer(&self, b: usize, req: &Req) -> Input {
+        let from = self.nodes[b].key;
+        match req {
+            Req::Status => Input::StatusAnswer { from, status: None },
+            Req::Contribution { round, sender } => Input::NotFound {
+                from,
+                round: *round,
+                sender: *sender,
+            },
+            Req::State { hash, .. } => Input::StateFailed { hash: *hash },
+        }
+    }
+
+    /// Runs until every node finished or `until` (virtual) passes.
+    pub fn run(&mut self, until: Millis) {
+        while let Some(Reverse((at, _, slot))) = self.queue.pop() {
+            if at > until {
+                break;
+            }
+            self.now = at;
+            let ev = self.events[slot].take();
+            self.free.push(slot);
+            let Some(ev) = ev else { continue };
+            match ev {
+                Ev::Deliver { to, epoch, input } => {
+                    if self.nodes[to].epoch == epoch {
+                        self.handle(to, input);
+                    }
+                }
+                Ev::Request {
+                    to,
+                    from,
+                    epoch,
+                    req,
+                } => self.answer(to, from, epoch, req),
+                Ev::Tick { node, epoch } => {
+                    if self.nodes[node].epoch == epoch && self.nodes[node].machine.is_some() {
+                        self.handle(node, Input::Tick);
+                        if self.nodes[node].machine.is_some() && !self.nodes[node].finished {
+                            self.schedule(self.now + TICK_MS, Ev::Tick { node, epoch });
+                        }
+                    }
+                }
+                Ev::Crash { node } => self.crash(node),
+                Ev::Restart { node } => self.restart(node),
+            }
+            if self.nodes.iter().all(|n| n.finished) {
+                break;
+            }
+        }
+    }
+
+    fn crash(&mut self, i: usize) {
+        let every = (self.args.crash_every_secs * 1000.0) as Millis;
+        let next = self.rng.random_range(0..self.nodes.len());
+        self.schedule(self.now + every, Ev::Crash { node: next });
+        if self.nodes[i].machine.is_none() || self.nodes[i].finished {
+            return;
+        }
+        self.crashes += 1;
+        let n = &mut self.nodes[i];
+        n.machine = None;
+        n.epoch += 1;
+        n.served.clear();
+        n.served_status = None;
+        let key = n.key;
+        for j in n.neighbours.clone() {
+            let lat = self.latency(i, j);
+            self.deliver_at(self.now + lat, j, Input::Disconnected(key));
+        }
+        let down = (self.args.down_secs * 1000.0) as Millis;
+        self.schedule(self.now + down, Ev::Restart { node: i });
+    }
+
+    fn restart(&mut self, i: usize) {
+        let n = &self.nodes[i];
+        let cfg = Config {
+            key: SigningKey::from_bytes(&n.secret),
+            ..self.template.clone()
+        };
+        let state = (*n.checkpoint).clone();
+        self.nodes[i].machine = Some(RoundMachine::new(cfg, state));
+        self.nodes[i].up_free = self.now as f64;
+        self.nodes[i].down_free = self.now as f64;
+        self.boot(i);
+    }
+
+    fn answer(&mut self, b: usize, a: usize, epoch: u32, req: Req) {
+        if self.nodes[a].epoch != epoch {
+            return;
+        }
+        let from = self.nodes[b].key;
+        if self.nodes[b].machine.is_none() {
+            // The connection is gone: the request fails at once.
+            let failed = self.failed_answer(b, &req);
+            let lat = self.latency(a, b);
+            self.deliver_at(self.now + lat, a, failed);
+            return;
+        }
+        match req {
+            Req::Status => {
+                let status = self.nodes[b].served_status.clone();
+                let bytes = status
+                    .as_ref()
+                    .map_or(16, |s| wire::encode(s).len() as u64 + ENVELOPE_BYTES);
+                self.send(b, a, bytes, Input::StatusAnswer { from, status });
+            }
+            Req::Contribution { round, sender } => {
+                match self.nodes[b].served.get(&(round, sender)).cloned() {
+                    Some(envelope) => {
+                        let bytes = envelope.payload.len() as u64 + ENVELOPE_BYTES;
+                        self.send(b, a, bytes, Input::Contribution { from, envelope });
+                    }
+                    None => self.send(
+                        b,
+                        a,
+                        16,
+                        Input::NotFound {
+                            from,
+                            round,
+                            sender,
+                        },
+                    ),
+                }
+            }
+            Req::State { round, hash } => {
+                let n = &self.nodes[b];
+                if n.checkpoint_hash == hash && n.checkpoint.round == round {
+                    let state = n.checkpoint.clone();
+                    let bytes = (state.params.len() * 8) as u64 + 64;
+                    self.send(b, a, bytes, Input::State { from, state, bytes });
+                } else {
+                    self.send(b, a, 16, Input::StateFailed { hash });
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, i: usize, input: Input) {
+        let now = self.now;
+        let Some(m) = self.nodes[i].machine.as_mut() else {
+            return;
+        };
+        self.inputs += 1;
+        if self.trace
+            && !matches!(
+                input,
+                Input::Tick
+                    | Input::Status { .. }
+                    | Input::Speed { .. }
+                    | Input::StatusAnswer { .. }
+            )
+        {
+            let short = match &input {
+                Input::Contribution { from, envelope } => format!(
+                    "Contribution from {} sender {} r{}",
+                    hex::encode(&from[..3]),
+                    hex::encode(&envelope.header.sender[..3]),
+                    envelope.header.round
+                ),
+                other => format!("{other:?}").chars().take(150).collect(),
+            };
+            eprintln!("{:>8} node {i} stage {} <- {short}", now, m.stage());
+        }
+        let outputs = m.handle(now, input);
+        if self.trace {
+            for o in &outputs {
+                if let Output::Fetch {
+                    from,
+                    round,
+                    sender,
+                } = o
+                {
+                    eprintln!(
+                        "{:>8} node {i} -> fetch r{round} sender {} from {}",
+                        now,
+                        hex::encode(&sender[..3]),
+                        hex::encode(&from[..3])
+                    );
+                }
+            }
+        }
+        for o in outputs {
+            self.carry_out(i, o);
+        }
+    }
+
+    fn connected_neighbours(&self, i: usize) -> Vec<usize> {
+        self.nodes[i]
+            .neighbours
+            .iter()
+            .copied()
+            .filter(|j| self.nodes[*j].machine.is_some())
+            .collect()
+    }
+
+    fn carry_out(&mut self, i: usize, o: Output) {
+        let now = self.now;
+        match o {
+            Output::Announce(mut s) => {
+                s.unix_ms = now;
+                self.nodes[i].served_status = Some(s.clone());
+                let bytes = wire::encode(&s).len() as u64 + ENVELOPE_BYTES;
+                let from = self.nodes[i].key;
+                for j in self.connected_neighbours(i) {
+                    self.send(
+                        i,
+                        j,
+                        bytes,
+                        Input::Status {
+                            from,
+                            status: s.clone(),
+                        },
+                    );
+                }
+            }
+            Output::Serve(mut s) => {
+                s.unix_ms = now;
+                self.nodes[i].served_status = Some(s);
+            }
+            Output::Greet(k) => {
+                if let (Some(&j), Some(s)) =
+                    (self.index.get(&k), self.nodes[i].served_status.clone())
+                {
+                    let bytes = wire::encode(&s).len() as u64 + ENVELOPE_BYTES;
+                    let from = self.nodes[i].key;
+                    self.send(i, j, bytes, Input::Status { from, status: s });
+                }
+            }
+            Output::AskStatuses(peers) => {
+                for k in peers {
+                    if let Some(&j) = self.index.get(&k) {
+                        self.request(i, j, Req::Status);
+                    }
+                }
+            }
+            Output::Push { to, envelope } => {
+                let bytes = envelope.payload.len() as u64 + ENVELOPE_BYTES;
+                let from = self.nodes[i].key;
+                for k in to {
+                    if let Some(&j) = self.index.get(&k) {
+                        self.send(
+                            i,
+                            j,
+                            bytes,
+                            Input::Contribution {
+                                from,
+                                envelope: envelope.clone(),
+                            },
+                        );
+                    }
+                }
+            }
+            Output::Hold(env) => {
+                self.nodes[i]
+                    .served
+                    .insert((env.header.round, env.header.sender), env);
+            }
+            Output::ForgetBefore(r) => self.nodes[i].served.retain(|(round, _), _| *round >= r),
+            Output::Fetch {
+                from,
+                round,
+                sender,
+            } => {
+                if let Some(&j) = self.index.get(&from) {
+                    self.request(i, j, Req::Contribution { round, sender });
+                }
+            }
+            Output::FetchState { from, round, hash } => {
+                if let Some(&j) = from.first().and_then(|k| self.index.get(k)) {
+                    self.request(i, j, Req::State { round, hash });
+                } else {
+                    self.deliver_at(now + 1, i, Input::StateFailed { hash });
+                }
+            }
+            Output::Train {
+                state,
+                steps,
+                budget_ms,
+                ..
+            } => self.train(i, &state, steps, budget_ms),
+            Output::NewState(ns) => {
+                let n = &mut self.nodes[i];
+                n.checkpoint = ns.state.clone();
+                n.checkpoint_hash = ns.hash;
+                let h = n.held.entry(ns.state.round).or_default();
+                if h.first.is_none() {
+                    h.first = Some(ns.hash);
+                    h.at = now;
+                }
+                h.last = Some(ns.hash);
+                if !self.losses.contains_key(&ns.hash) {
+                    let loss = self.objective.val_loss(&ns.state.params);
+                    self.losses.insert(ns.hash, loss);
+                }
+                if let How::Synced { .. } = ns.how {
+                    self.synced += 1;
+                }
+            }
+            Output::Note(note) => {
+                if self.trace {
+                    eprintln!("{:>8} node {i} r{}: {note:?}", now, self.round_of(i));
+                }
+            }
+            Output::Finished(_) => self.nodes[i].finished = true,
+            Output::Failed(why) => {
+                self.nodes[i].finished = true;
+                self.failures.push(format!("node {i}: {why}"));
+            }
+        }
+    }
+
+    /// The stand-in trainer: `steps` SGD steps on the objective from `state`, within the budget;
+    /// the result arrives when the steps would have finished.
+    fn train(&mut self, i: usize, state: &StateSnapshot, steps: u32, budget_ms: Option<Millis>) {
+        let step_ms = self.nodes[i].step_ms;
+        let fit = budget_ms.map_or(steps, |b| ((b as f64 / step_ms) as u32).min(steps));
+        let mut params = state.params.clone();
+        let loss = self
+            .objective
+            .train(&mut params, fit, &mut self.nodes[i].rng);
+        let secs = fit as f64 * step_ms / 1000.0;
+        let trained = Trained {
+            steps: fit,
+            tokens: u64::from(fit) * super::TOKENS_PER_STEP,
+            mean_loss: loss,
+            params,
+            secs,
+            yielded: fit < steps,
+        };
+        let at = self.now + (fit as f64 * step_ms).ceil() as Millis;
+        // Its speed goes out with its window record (Kademlia; not counted, as in the daemon).
+        if fit > 0 {
+            let tokens_per_sec = trained.tokens as f64 / secs.max(1e-9);
+            let from = self.nodes[i].key;
+            for j in self.connected_neighbours(i) {
+                self.deliver_at(
+                    at,
+                    j,
+                    Input::Speed {
+                        from,
+                        tokens_per_sec,
+                    },
+                );
+            }
+        }
+        self.deliver_at(at.max(self.now + 1), i, Input::Trained(trained));
+    }
+
+    pub fn nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Per node: what it held of θ(r).
+    pub fn held(&self, r: u64) -> Vec<&Held> {
+        self.nodes.iter().filter_map(|n| n.held.get(&r)).collect()
+    }
+
+    /// Per node: bytes sent and received while holding θ(r).
+    pub fn bytes(&self, r: u64) -> Vec<(u64, u64)> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.up.get(&r).copied().unwrap_or(0),
+                    n.down.get(&r).copied().unwrap_or(0),
+                )
+            })
+            .collect()
+    }
+
+    pub fn objective(&self) -> &Objective {
+        &self.objective
+    }
+
+    /// The validation loss of the state most nodes ended up holding for θ(r).
+    pub fn majority_loss(&self, r: u64) -> Option<f32> {
+        let mut count: BTreeMap<Hash32, usize> = BTreeMap::new();
+        for h in self.held(r) {
+            if let Some(x) = h.last {
+                *count.entry(x).or_default() += 1;
+            }
+        }
+        let best = count.iter().max_by_key(|(h, c)| (**c, Reverse(**h)))?.0;
+        self.losses.get(best).copied()
+    }
+
+    /// Per node, per round: the first and last hash it held (for debugging a run).
+    pub fn dump(&self) -> String {
+        let mut out = String::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            out += &format!("node {i} {}:", &hex::encode(&n.key[..3]));
+            for (r, h) in &n.held {
+                let f = h.first.map_or("-".into(), |x| x.short());
+                let l = h.last.map_or("-".into(), |x| x.short());
+                out += &format!(
+                    " {r}:{}{}@{}",
+                    &f[..4],
+                    if f == l {
+                        String::new()
+                    } else {
+                        format!(">{}", &l[..4])
+                    },
+                    h.at / 1000
+                );
+            }
+            out += "\n";
+        }
+        out
+    }
+
+    pub fn finished(&self) -> usize {
+        self.nodes.iter().filter(|n| n.finished).count()
+    }
+}

@@ -1,0 +1,599 @@
+//! Align: before a round, wait briefly for peers finishing the previous one, then move to a
+//! better state only once it verifies — a fork of our round (replayed from the state before ours)
+//! or the next round (replayed from ours), or a state further on by attestation — and then train
+//! at once, join the round under way for the time it has left, or wait for it to end.
+
+use super::rules::{Candidate, Claim, Held, candidates, group_claims, replay_round};
+use super::*;
+
+/// A verification under way: the claims still worth trying this alignment, the one being tried.
+#[derive(Debug)]
+pub(super) struct Verifying {
+    /// Improvements still allowed this alignment.
+    left: u8,
+    /// Finish after this look (the node did its last round).
+    then_finish: bool,
+    current: Option<Attempt>,
+}
+
+/// One claim being verified.
+#[derive(Debug)]
+enum Attempt {
+    Replay(Replay),
+    Download { claim: Claim, until: Millis },
+}
+
+#[derive(Debug)]
+struct Replay {
+    claim: Claim,
+    fork: bool,
+    base: Arc<StateSnapshot>,
+    base_hash: Hash32,
+    have: BTreeMap<Key, Arc<SignedEnvelope>>,
+    /// For each contribution still missing: the holders to ask, the one asked, and when.
+    asking: BTreeMap<Key, (Vec<Key>, usize, Millis)>,
+    bytes: u64,
+    until: Millis,
+}
+
+impl RoundMachine {
+    /// While peers still train or collect the previous round, wait for them (they may form a
+    /// state we prefer), at most until `until`; a window that closes ends the wait.
+    pub(super) fn align_wait(&mut self, now: Millis, until: Millis) {
+        if self.available && self.refreshing() && now < until {
+            return;
+        }
+        let r = self.state.round;
+        let lagging = self
+            .trainer_peers()
+            .filter(|(_, s)| s.round < r && matches!(s.phase, Phase::Training | Phase::Collecting))
+            .count();
+        if lagging == 0 || now >= until || !self.available {
+            self.start_verifying(now, false);
+        }
+    }
+
+    pub(super) fn start_verifying(&mut self, now: Millis, then_finish: bool) {
+        self.stage = Stage::Verifying(Verifying {
+            left: MAX_IMPROVEMENTS,
+            then_finish,
+            current: None,
+        });
+        self.verify_step(now);
+    }
+
+    /// The claims of the connected peers' statuses (a peer that finished still holds a state of
+    /// our round to compare with).
+    pub(super) fn claims(&self) -> Vec<Claim> {
+        let r = self.state.round;
+        group_claims(self.peers.iter().filter_map(|(k, p)| {
+            let s = p.status.as_ref()?;
+            (p.connected && (s.phase != Phase::Done || s.round == r)).then_some((*k, s))
+        }))
+    }
+
+    /// Tries the best claim not tried yet; adopts what verifies; moves on when none is left.
+    pub(super) fn verify_step(&mut self, now: Millis) {
+        let Stage::Verifying(v) = &mut self.stage else {
+            return;
+        };
+        match &mut v.current {
+            Some(Attempt::Replay(rp)) => {
+                // Holders that do not answer in time are passed over for the next.
+                let mut ask = vec![];
+                let mut gone = vec![];
+                for (sender, (holders, i, at)) in rp.asking.iter_mut() {
+                    if now >= *at + FETCH_TIMEOUT_MS {
+                        *i += 1;
+                        *at = now;
+                        match holders.get(*i) {
+                            Some(h) => ask.push((*h, *sender)),
+                            None => gone.push(*sender),
+                        }
+                    }
+                }
+                let round = rp.base.round;
+                let timed_out = now >= rp.until;
+                for (from, sender) in ask {
+                    self.out.push(Output::Fetch {
+                        from,
+                        round,
+                        sender,
+                    });
+                }
+                if let Some(sender) = gone.first() {
+                    let reason = format!("no holder served {}'s contribution", short(sender));
+                    self.attempt_failed(now, reason, false);
+                } else if timed_out {
+                    self.attempt_failed(
+                        now,
+                        "fetching the contributions took too long".into(),
+                        false,
+                    );
+                } else {
+                    self.try_replay(now);
+                }
+                return;
+            }
+            Some(Attempt::Download { until, .. }) => {
+                if now >= *until {
+                    self.attempt_failed(now, "the state download took too long".into(), false);
+                }
+                return;
+            }
+            None => {}
+        }
+        let (left, then_finish) = (v.left, v.then_finish);
+        let list = if left == 0 {
+            vec![]
+        } else {
+            self.rejected.prune(now);
+            let held = Held {
+                round: self.state.round,
+                hash: self.hash,
+                formed: self.state.formed_by.len(),
+            };
+            candidates(&self.cfg.recipe, held, &self.claims(), &self.rejected)
+        };
+        for cand in list {
+            let attempt = match cand {
+                Candidate::Fork(claim) => match self.prev.clone() {
+                    Some((b, h)) if b.round + 1 == claim.round => {
+                        self.start_replay(now, claim, true, b, h)
+                    }
+                    _ => continue,
+                },
+                Candidate::Ahead(claim) => {
+                    let (b, h) = (self.state.clone(), self.hash);
+                    self.start_replay(now, claim, false, b, h)
+                }
+                Candidate::Attested(claim) => {
+                    let mut from = claim.holders.clone();
+                    from.truncate(8);
+                    self.out.push(Output::FetchState {
+                        from,
+                        round: claim.round,
+                        hash: claim.hash,
+                    });
+                    Attempt::Download {
+                        claim,
+                        until: now + STATE_DOWNLOAD_MS,
+                    }
+                }
+            };
+            if self.phase != Phase::Syncing {
+                self.announce(Phase::Syncing);
+            }
+            if let Stage::Verifying(v) = &mut self.stage {
+                v.current = Some(attempt);
+            }
+            self.try_replay(now);
+            return;
+        }
+        // Nothing (more) to try.
+        if self.phase == Phase::Syncing {
+            self.announce(Phase::Ready);
+        }
+        if then_finish || self.done() {
+            self.finish("finished");
+        } else {
+            self.after_align(now);
+        }
+    }
+
+    fn start_replay(
+        &mut self,
+        now: Millis,
+        claim: Claim,
+        fork: bool,
+        base: Arc<StateSnapshot>,
+        base_hash: Hash32,
+    ) -> Attempt {
+        let round = base.round;
+        let mut have = BTreeMap::new();
+        let mut asking = BTreeMap::new();
+        for id in &claim.formed_by {
+            if let Some(env) = self.held_as(round, id) {
+                have.insert(id.sender, env);
+                continue;
+            }
+            // The sender itself first when it holds the state too: every member serves its own.
+            let mut holders = claim.holders.clone();
+            if let Some(i) = holders.iter().position(|h| *h == id.sender) {
+                holders.swap(0, i);
+            }
+            holders.truncate(rules::MAX_HOLDERS_ASKED);
+            self.out.push(Output::Fetch {
+                from: holders[0],
+                round,
+                sender: id.sender,
+            });
+            asking.insert(id.sender, (holders, 0, now));
+        }
+        Attempt::Replay(Replay {
+            claim,
+            fork,
+            base,
+            base_hash,
+            have,
+            asking,
+            bytes: 0,
+            until: now + REPLAY_TIMEOUT_MS,
+        })
+    }
+
+    /// A contribution arriving while verifying: kept when it is one the replay waits for (the
+    /// very one the claim names), stashed when it is for a later round.
+    pub(super) fn replay_offer(&mut self, now: Millis, from: Key, env: Arc<SignedEnvelope>) {
+        let wanted = match &self.stage {
+            Stage::Verifying(Verifying {
+                current: Some(Attempt::Replay(rp)),
+                ..
+            }) => {
+                env.header.round == rp.base.round
+                    && rp.asking.contains_key(&env.header.sender)
+                    && rp.claim.formed_by.contains(&ContributionId::of(&env))
+            }
+            _ => false,
+        };
+        if !wanted {
+            if env.header.round >= self.state.round {
+                self.stash_push(from, env);
+            }
+            return;
+        }
+        if let Stage::Verifying(Verifying {
+            current: Some(Attempt::Replay(rp)),
+            ..
+        }) = &mut self.stage
+        {
+            rp.asking.remove(&env.header.sender);
+            rp.bytes += env.payload.len() as u64;
+            rp.have.insert(env.header.sender, env);
+        }
+        self.try_replay(now);
+    }
+
+    /// A holder had nothing (or failed) for a contribution the replay waits for: ask the next.
+    pub(super) fn replay_not_found(&mut self, now: Millis, from: Key, sender: Key) {
+        let Stage::Verifying(Verifying {
+            current: Some(Attempt::Replay(rp)),
+            ..
+        }) = &mut self.stage
+        else {
+            return;
+        };
+        let round = rp.base.round;
+        let Some((holders, i, at)) = rp.asking.get_mut(&sender) else {
+            return;
+        };
+        if holders.get(*i) != Some(&from) {
+            return;
+        }
+        *i += 1;
+        *at = now;
+        match holders.get(*i) {
+            Some(h) => {
+                let h = *h;
+                self.out.push(Output::Fetch {
+                    from: h,
+                    round,
+                    sender,
+                });
+            }
+            None => {
+                let reason = format!("no holder served {}'s contribution", short(&sender));
+                self.attempt_failed(now, reason, false);
+            }
+        }
+    }
+
+    /// Replays the round once every contribution the claim names is here.
+    fn try_replay(&mut self, now: Millis) {
+        let Stage::Verifying(Verifying {
+            current: Some(Attempt::Replay(rp)),
+            ..
+        }) = &self.stage
+        else {
+            return;
+        };
+        if !rp.asking.is_empty() {
+            return;
+        }
+        let envs: Vec<Arc<SignedEnvelope>> = rp
+            .claim
+            .formed_by
+            .iter()
+            .filter_map(|id| rp.have.get(&id.sender).cloned())
+            .collect();
+        let result = replay_round(
+            &self.cfg.recipe,
+            &rp.base,
+            rp.base_hash,
+            envs,
+            rp.claim.hash,
+        );
+        match result {
+            Ok(replayed) => {
+                let Stage::Verifying(v) = &mut self.stage else {
+                    return;
+                };
+                let Some(Attempt::Replay(rp)) = v.current.take() else {
+                    return;
+                };
+                v.left = v.left.saturating_sub(1);
+                for env in replayed.envelopes {
+                    self.hold(rp.base.round, env);
+                }
+                let reason = if rp.fork {
+                    "diverged from the swarm"
+                } else {
+                    "behind the swarm"
+                };
+                let from = rp.claim.holders[0];
+                self.adopt(
+                    replayed.state,
+                    replayed.hash,
+                    Some((rp.base, rp.base_hash)),
+                    How::Synced {
+                        from,
+                        reason,
+                        verified: "replay",
+                        bytes: rp.bytes,
+                        replaced: None,
+                    },
+                );
+                self.verify_step(now);
+            }
+            Err(e) => {
+                let fault = e.is_fault();
+                self.attempt_failed(now, e.to_string(), fault);
+            }
+        }
+    }
+
+    /// The attempt under way failed: note it (its signers too when the claim was at fault) and
+    /// try the next claim.
+    fn attempt_failed(&mut self, now: Millis, reason: String, fault: bool) {
+        let Stage::Verifying(v) = &mut self.stage else {
+            return;
+        };
+        let claim = match v.current.take() {
+            Some(Attempt::Replay(rp)) => rp.claim,
+            Some(Attempt::Download { claim, .. }) => claim,
+            None => return,
+        };
+        self.rejected.note(&claim, fault, now);
+        self.out.push(Output::Note(Note::Rejected {
+            round: claim.round,
+            hash: claim.hash,
+            reason,
+        }));
+        self.verify_step(now);
+    }
+
+    pub(super) fn on_state(
+        &mut self,
+        now: Millis,
+        from: Key,
+        state: Arc<StateSnapshot>,
+        bytes: u64,
+    ) {
+        let Stage::Verifying(Verifying {
+            current: Some(Attempt::Download { claim, .. }),
+            ..
+        }) = &self.stage
+        else {
+            return;
+        };
+        let mut formed = state.formed_by.clone();
+        formed.sort_unstable();
+        let hash = state.hash();
+        let fits = state.round == claim.round
+            && hash == claim.hash
+            && formed == claim.formed_by
+            && state.params.len() == self.cfg.recipe.num_params
+            && state.momentum.len() == state.params.len();
+        if !fits {
+            self.attempt_failed(
+                now,
+                "the downloaded state is not the one claimed".into(),
+                true,
+            );
+            return;
+        }
+        if let Stage::Verifying(v) = &mut self.stage {
+            v.current = None;
+            v.left = v.left.saturating_sub(1);
+        }
+        self.adopt(
+            Arc::unwrap_or_clone(state),
+            hash,
+            None,
+            How::Synced {
+                from,
+                reason: "behind the swarm",
+                verified: "attested",
+                bytes,
+                replaced: None,
+            },
+        );
+        self.verify_step(now);
+    }
+
+    pub(super) fn on_state_failed(&mut self, now: Millis, hash: Hash32) {
+        if let Stage::Verifying(Verifying {
+            current: Some(Attempt::Download { claim, .. }),
+            ..
+        }) = &self.stage
+            && claim.hash == hash
+        {
+            self.attempt_failed(now, "no holder served the state".into(), false);
+        }
+    }
+
+    pub(super) fn on_not_found(&mut self, now: Millis, from: Key, round: u64, sender: Key) {
+        match &self.stage {
+            Stage::Verifying(_) => self.replay_not_found(now, from, sender),
+            Stage::Collecting(_) | Stage::Reconciling(_) if round == self.state.round => {
+                self.fetch_failed(now, from, sender);
+            }
+            _ => {}
+        }
+    }
+
+    /// Moves to a verified state.
+    fn adopt(
+        &mut self,
+        state: StateSnapshot,
+        hash: Hash32,
+        prev: Option<(Arc<StateSnapshot>, Hash32)>,
+        mut how: How,
+    ) {
+        if let How::Synced { replaced, .. } = &mut how
+            && state.round == self.state.round
+        {
+            *replaced = Some(self.hash);
+        }
+        self.state = Arc::new(state);
+        self.hash = hash;
+        self.prev = prev;
+        self.ef = ErrorFeedback::default();
+        self.just_synced = true;
+        self.holding.clear();
+        self.out.push(Output::NewState(NewState {
+            state: self.state.clone(),
+            hash,
+            how,
+        }));
+        self.announce(Phase::Ready);
+    }
+
+    /// After aligning: train now, join the round under way for what is left of it, or (just
+    /// synced, too late to join) wait for it to end. A node that could not verify a better
+    /// state its peers hold yet, with no peer left on its own, tries again first (a few times):
+    /// a round trained alone counts for nobody.
+    fn after_align(&mut self, now: Millis) {
+        if !self.available {
+            return self.begin_round(now);
+        }
+        if self.stalls < MAX_STALLS && self.better_unverified() {
+            self.stalls += 1;
+            self.out.push(Output::Note(Note::Stalled {
+                round: self.state.round,
+                times: self.stalls,
+            }));
+            self.stage = Stage::Retrying {
+                at: now + rules::RETRY_SECS * 1000,
+            };
+            return;
+        }
+        self.stalls = 0;
+        if self.round_under_way() {
+            match self.late_budget(now) {
+                Some(left) => {
+                    self.out.push(Output::Note(Note::JoinedLate {
+                        round: self.state.round,
+                        budget_ms: left,
+                    }));
+                    self.start_training(now, Some(left));
+                    return;
+                }
+                None if self.just_synced && !self.waited_for_round => {
+                    self.waited_for_round = true;
+                    self.out.push(Output::Note(Note::WaitingForRoundEnd {
+                        round: self.state.round,
+                    }));
+                    self.announce(Phase::Syncing);
+                    let cap = self.cfg.round_deadline_ms.max(60_000) * 4;
+                    self.stage = Stage::Waiting { until: now + cap };
+                    return;
+                }
+                None => {}
+            }
+        }
+        let budget = self.train_budget();
+        self.start_training(now, budget);
+    }
+
+    /// True when no live peer works on our state's round while some hold a state the rules
+    /// prefer (a fork of our round, or the next round) that did not verify, through no fault of
+    /// its own.
+    fn better_unverified(&self) -> bool {
+        if self.working_on(self.state.round).next().is_some() {
+            return false;
+        }
+        let held = Held {
+            round: self.state.round,
+            hash: self.hash,
+            formed: self.state.formed_by.len(),
+        };
+        candidates(
+            &self.cfg.recipe,
+            held,
+            &self.claims(),
+            &rules::Rejections::default(),
+        )
+        .iter()
+        .any(|c| !matches!(c, Candidate::Attested(_)) && !self.rejected.faulty(c.claim()))
+    }
+
+    /// True when live peers hold our round and every one of them has started training it.
+    pub(super) fn round_under_way(&self) -> bool {
+        let r = self.state.round;
+        let mut any = false;
+        for (_, s) in self.trainer_peers() {
+            if s.round != r || matches!(s.phase, Phase::Syncing | Phase::Paused) {
+                continue;
+            }
+            if !matches!(s.phase, Phase::Training | Phase::Collecting) {
+                return false;
+            }
+            any = true;
+        }
+        any
+    }
+
+    /// Training time left in the round under way, when we know when it started and how long the
+    /// live nodes take, and at least a fifth of it (and a second) is left.
+    fn late_budget(&self, now: Millis) -> Option<Millis> {
+        let started = *self.round_started.get(&self.state.round)?;
+        let expected = self.train_budget()? as f64 / BUDGET_FACTOR;
+        let left = expected - now.saturating_sub(started) as f64;
+        (left >= (expected * 0.2).max(1000.0)).then_some(left as Millis)
+    }
+
+    /// How long this round's training may take: [`BUDGET_FACTOR`] times the median expected
+    /// training time of the live trainers whose speed is known (ours included); `None` until
+    /// two speeds are known.
+    pub(super) fn train_budget(&self) -> Option<Millis> {
+        let mut speeds: Vec<f64> = self
+            .peers
+            .values()
+            .filter(|p| {
+                p.connected
+                    && p.status.as_ref().is_some_and(|s| {
+                        s.role == NodeRole::Trainer
+                            && !matches!(s.phase, Phase::Done | Phase::Paused | Phase::Syncing)
+                    })
+            })
+            .filter_map(|p| p.tokens_per_sec)
+            .collect();
+        speeds.extend(self.tokens_per_sec);
+        round_budget(speeds, self.cfg.round_tokens)
+    }
+}
+
+/// A round's training budget in milliseconds for `tokens` tokens given the live nodes' speeds
+/// (tokens/s): [`BUDGET_FACTOR`] × the time the median node needs (the upper median of an even
+/// count). `None` with fewer than two known speeds. A node slower than that sends a smaller
+/// contribution; nobody waits for it past the budget, and nobody shuts it out.
+pub fn round_budget(mut speeds: Vec<f64>, tokens: f64) -> Option<Millis> {
+    speeds.retain(|s| s.is_finite() && *s > 0.0);
+    if speeds.len() < 2 {
+        return None;
+    }
+    speeds.sort_by(f64::total_cmp);
+    let median = speeds[speeds.len() / 2];
+    Some((BUDGET_FACTOR * tokens / median * 1000.0) as Millis)
+}

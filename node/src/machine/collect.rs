@@ -1,0 +1,229 @@
+//! Collect: the round's contributions — pushed, stashed early, fetched from peers that hold them —
+//! each verified before it counts, until every live peer's is in (and stays so for a moment) or
+//! the deadline passes.
+
+use super::accept::{Refusal, accept};
+use super::*;
+
+/// A round's collection under way.
+#[derive(Debug)]
+pub(super) struct Collecting {
+    pub(super) collected: BTreeMap<Key, Accepted>,
+    pub(super) pushed_at: Millis,
+    pub(super) deadline: Millis,
+    /// Since when nobody has been missing (the set closes after [`CONFIRM_MS`] of that).
+    quiet_since: Option<Millis>,
+    /// Contributions asked for: the holder, and when.
+    asked: BTreeMap<Key, (Key, Millis)>,
+    /// (sender, holder) pairs that had nothing: not asked again this round.
+    failed: BTreeSet<(Key, Key)>,
+    pub(super) own: Trained,
+    pub(super) wire_delta_bytes: u64,
+}
+
+impl Collecting {
+    pub(super) fn new(
+        now: Millis,
+        deadline: Millis,
+        collected: BTreeMap<Key, Accepted>,
+        own: Trained,
+        wire_delta_bytes: u64,
+    ) -> Self {
+        Collecting {
+            collected,
+            pushed_at: now,
+            deadline,
+            quiet_since: None,
+            asked: BTreeMap::new(),
+            failed: BTreeSet::new(),
+            own,
+            wire_delta_bytes,
+        }
+    }
+}
+
+impl RoundMachine {
+    pub(super) fn collected(&self) -> Option<&BTreeMap<Key, Accepted>> {
+        match &self.stage {
+            Stage::Collecting(c) => Some(&c.collected),
+            Stage::Reconciling(rc) => Some(&rc.collecting.collected),
+            _ => None,
+        }
+    }
+
+    fn collected_mut(&mut self) -> Option<&mut BTreeMap<Key, Accepted>> {
+        match &mut self.stage {
+            Stage::Collecting(c) => Some(&mut c.collected),
+            Stage::Reconciling(rc) => Some(&mut rc.collecting.collected),
+            _ => None,
+        }
+    }
+
+    pub(super) fn collect_step(&mut self, now: Millis, tick: bool) {
+        let r = self.state.round;
+        // Only an attested state further on ends the round early: a mere claim of a later round,
+        // which anyone can make, does not. (Looked at on the timer: claims change slowly.)
+        if tick
+            && self
+                .claims()
+                .iter()
+                .any(|c| c.round > r + 1 && self.cfg.recipe.attested(c))
+        {
+            self.out.push(Output::Note(Note::Behind { round: r }));
+            self.announce(Phase::Ready);
+            self.begin_round(now);
+            return;
+        }
+        let Stage::Collecting(c) = &self.stage else {
+            return;
+        };
+        let missing = self
+            .working_on(r)
+            .filter(|(k, _)| !c.collected.contains_key(*k))
+            .count();
+        let (deadline, quiet_since, pushed_at) = (c.deadline, c.quiet_since, c.pushed_at);
+        if missing == 0 {
+            match quiet_since {
+                // Before closing, look at the peers once more: one that resumed or joined the
+                // round a moment ago would otherwise be left out (a fork, repaired but a fork).
+                Some(t) if now >= t + CONFIRM_MS && !self.refreshing() => {
+                    return self.start_reconcile(now, 0);
+                }
+                Some(_) => {}
+                None => {
+                    if let Stage::Collecting(c) = &mut self.stage {
+                        c.quiet_since = Some(now);
+                    }
+                    self.refresh_statuses(now);
+                }
+            }
+            return;
+        }
+        if let Stage::Collecting(c) = &mut self.stage {
+            c.quiet_since = None;
+        }
+        if now >= deadline {
+            self.out
+                .push(Output::Note(Note::DeadlinePassed { round: r, missing }));
+            return self.start_reconcile(now, missing);
+        }
+        if !tick {
+            return;
+        }
+        // Fetch what peers hold and we lack: at once when its sender cannot push to us (not
+        // connected), else only after giving the push time to arrive.
+        let patient = now >= pushed_at + PUSH_GRACE_MS;
+        let Stage::Collecting(c) = &self.stage else {
+            return;
+        };
+        let mut ask: Vec<(Key, Key)> = vec![];
+        for (p, s) in self.trainer_peers().filter(|(_, s)| s.round == r) {
+            for k in &s.holding {
+                let direct = self.peers.get(k).is_some_and(|x| x.connected);
+                let asked_lately = c
+                    .asked
+                    .get(k)
+                    .is_some_and(|(_, at)| now < at + FETCH_TIMEOUT_MS);
+                if c.collected.contains_key(k)
+                    || asked_lately
+                    || c.failed.contains(&(*k, *p))
+                    || ask.iter().any(|(_, s)| s == k)
+                    || (direct && !patient)
+                {
+                    continue;
+                }
+                ask.push((*p, *k));
+            }
+        }
+        if let Stage::Collecting(c) = &mut self.stage {
+            for (p, k) in &ask {
+                c.asked.insert(*k, (*p, now));
+            }
+        }
+        for (from, sender) in ask {
+            self.out.push(Output::Fetch {
+                from,
+                round: r,
+                sender,
+            });
+        }
+    }
+
+    /// A fetch for this round had nothing: that holder is not asked for it again.
+    pub(super) fn fetch_failed(&mut self, now: Millis, from: Key, sender: Key) {
+        match &mut self.stage {
+            Stage::Collecting(c) => {
+                c.failed.insert((sender, from));
+                c.asked.remove(&sender);
+            }
+            Stage::Reconciling(_) => self.reconcile_not_found(now, from, sender),
+            _ => {}
+        }
+    }
+
+    /// Verifies and records one contribution for the current round.
+    pub(super) fn consider(&mut self, now: Millis, from: Key, env: Arc<SignedEnvelope>) {
+        let round = self.state.round;
+        if env.header.round == round + 1 {
+            self.stash_push(from, env);
+            return;
+        }
+        if !self.reconcile_wants(&env) {
+            return;
+        }
+        let Some(collected) = self.collected() else {
+            return;
+        };
+        let duplicate = env.header.round == round && collected.contains_key(&env.header.sender);
+        if duplicate
+            && self
+                .held
+                .get(&(round, env.header.sender))
+                .is_some_and(|held| held.signature == env.signature)
+        {
+            return; // the same contribution again (pushed and fetched)
+        }
+        if !duplicate && collected.len() >= self.cfg.recipe.max_contributors() {
+            return; // a round holds as many contributions as it may count
+        }
+        let ctx = self.cfg.recipe.context(round, self.hash);
+        match accept(&ctx, &env) {
+            Ok(_) if duplicate => {
+                self.out.push(Output::Note(Note::Refused {
+                    round,
+                    from,
+                    reason: "a second, different contribution from this sender for this round \
+                             (the first is kept)"
+                        .into(),
+                }));
+            }
+            Ok(a) => {
+                let sender = a.sender;
+                if let Some(c) = self.collected_mut() {
+                    c.insert(sender, a);
+                }
+                self.hold(round, env);
+                self.holding = self
+                    .collected()
+                    .map(|c| c.keys().copied().collect())
+                    .unwrap_or_default();
+                self.out.push(Output::Serve(self.status()));
+                self.fetched(now, sender);
+            }
+            Err(e) => {
+                let late = env.header.round < round
+                    && matches!(
+                        e,
+                        Refusal::Verify(nightshift_protocol::VerifyError::WrongRound { .. })
+                    );
+                if !late {
+                    self.out.push(Output::Note(Note::Refused {
+                        round,
+                        from,
+                        reason: e.to_string(),
+                    }));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,757 @@
+//! The round machine: a node's round rules as a pure state machine.
+//!
+//! [`RoundMachine::handle`] takes the time (`now`, milliseconds on the caller's clock) and one
+//! [`Input`] — a peer's status or contribution, a fetch's answer, training finished, the idle
+//! window, a timer tick — and returns the [`Output`]s to carry out: announce a status, push or
+//! fetch a contribution, fetch an attested state, train H steps from θ, adopt a new state. It does
+//! no I/O, reads no clock and draws no random number, so the same inputs give the same outputs
+//! bit for bit: the simulator (`nightshift-lab sim`) runs thousands of machines on a virtual
+//! clock, and the unit tests drive every rule directly.
+//!
+//! A round, stage by stage (one file each):
+//! - **align** (`align.rs`): wait briefly for peers still finishing the previous round, then move
+//!   to a better state only once it verifies — a fork of our round or the next round replayed
+//!   from contributions, a state further ahead by attestation ([`rules`]) — then train at once,
+//!   join the round under way for the time it has left, or wait for it to end;
+//! - **train** (`train.rs`): ask for H inner steps within the round's budget; turn the result into
+//!   a signed, encoded contribution; a non-finite one is dropped;
+//! - **collect** (`collect.rs`): gather the round's contributions, pushed or fetched, each
+//!   verified ([`accept`]), until every live peer's is in or the deadline passes;
+//! - **step** (`step.rs`): reconcile the set with what the peers hold or used, and take the
+//!   swarm's outer step ([`rules::Recipe::apply`]).
+//!
+//! What a peer says reaches the machine already checked by the network layer where that is
+//! cheap and stateless (a status's signature, swarm and age); everything else — contributions,
+//! claimed states — the machine verifies itself.
+
+pub mod accept;
+mod align;
+mod collect;
+pub mod rules;
+mod step;
+#[cfg(test)]
+mod tests;
+mod train;
+
+use ed25519_dalek::SigningKey;
+use nightshift_model::ErrorFeedback;
+use nightshift_protocol::message::Phase;
+use nightshift_protocol::{
+    ContributionId, Hash32, NodeRole, SignedEnvelope, StateSnapshot, Status,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use accept::Accepted;
+use rules::{Recipe, Rejections};
+
+/// A node's identity: its ed25519 public key (its libp2p peer id is derived from it).
+pub type Key = [u8; 32];
+/// Milliseconds on the caller's clock (monotonic in the daemon, virtual in the simulator).
+pub type Millis = u64;
+
+/// How long a node waits for peers still finishing the previous round before it starts the next.
+pub const ALIGN_WAIT_MS: Millis = 10_000;
+/// How long a status look-up may take.
+pub const LOOKUP_MS: Millis = 5_000;
+/// How long one contribution fetch may take before the next holder is asked.
+pub const FETCH_TIMEOUT_MS: Millis = 20_000;
+/// How long a pushed contribution may take to arrive before it is fetched instead.
+pub const PUSH_GRACE_MS: Millis = 2_000;
+/// How long collection stays quiet (nobody missing) before it closes: one more look at the
+/// peers, so that one that joined the round a moment ago is not left out.
+pub const CONFIRM_MS: Millis = 300;
+/// The longest reconciling a round may take.
+pub const RECONCILE_MS: Millis = 30_000;
+/// The longest a replay may spend fetching.
+pub const REPLAY_TIMEOUT_MS: Millis = 60_000;
+/// The longest an attested state's download may take.
+pub const STATE_DOWNLOAD_MS: Millis = 1_800_000;
+/// Most contributions fetched while reconciling one round (beyond those of the members).
+pub const MAX_RECONCILE_FETCHES: usize = 64;
+/// Most early contributions (for a round not reached yet) kept in an open swarm.
+pub const MAX_STASHED: usize = 64;
+/// Early contributions kept per sender and round (as many as a peer may have queued).
+pub const STASH_PER_SENDER: usize = 4;
+/// Rounds in a row whose local training may go non-finite before the node gives up.
+pub const MAX_DIVERGED_IN_A_ROW: u32 = 3;
+/// A round's time budget: this many times the median live peer's expected training time.
+pub const BUDGET_FACTOR: f64 = 1.5;
+/// Verified improvements (a replay or an attested download each) per alignment.
+pub const MAX_IMPROVEMENTS: u8 = 8;
+/// Times in a row a node waits (each [`rules::RETRY_SECS`]) for a better state it could not
+/// verify yet — a fork of its round or the next round, which no peer of its own state is
+/// training past — before it trains its round anyway.
+pub const MAX_STALLS: u32 = 3;
+
+/// How a node runs its rounds: the swarm's recipe and the node's own settings.
+#[derive(Clone)]
+pub struct Config {
+    pub key: SigningKey,
+    pub recipe: Arc<Recipe>,
+    /// Inner steps per round (H).
+    pub inner_steps: u32,
+    /// The manifest's round deadline.
+    pub round_deadline_ms: Millis,
+    /// Tokens of a full round of inner steps (H · batch · seq), for the time budget.
+    pub round_tokens: f64,
+    /// Trainer peers to wait for before the first round.
+    pub min_peers: usize,
+    /// Stop once the node holds θ(rounds).
+    pub rounds: Option<u64>,
+}
+
+/// What happens to a node.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// The node starts: announce, then wait for `min_peers` trainers.
+    Start,
+    /// Time passed; the machine re-checks its deadlines.
+    Tick,
+    Connected(Key),
+    Disconnected(Key),
+    /// A peer's status, checked by the network layer (signed by that peer, for this swarm, an
+    /// admitted key, current).
+    Status {
+        from: Key,
+        status: Status,
+    },
+    /// The answer to [`Output::AskStatuses`] from one peer (`None`: no answer).
+    StatusAnswer {
+        from: Key,
+        status: Option<Status>,
+    },
+    /// A peer's measured training speed (its window record).
+    Speed {
+        from: Key,
+        tokens_per_sec: f64,
+    },
+    /// A contribution, pushed by a peer or answering a fetch; not yet verified.
+    Contribution {
+        from: Key,
+        envelope: Arc<SignedEnvelope>,
+    },
+    /// A fetch ([`Output::Fetch`]) came back empty or failed.
+    NotFound {
+        from: Key,
+        round: u64,
+        sender: Key,
+    },
+    /// A state downloaded for [`Output::FetchState`]; its hash is checked here.
+    State {
+        from: Key,
+        state: Arc<StateSnapshot>,
+        bytes: u64,
+    },
+    /// The download of [`Output::FetchState`] failed.
+    StateFailed {
+        hash: Hash32,
+    },
+    /// The inner steps asked for by [`Output::Train`] finished.
+    Trained(Trained),
+    /// The idle window opened (`true`) or closed.
+    Window(bool),
+    /// Ctrl-C: leave now.
+    Shutdown,
+}
+
+/// What a round's inner steps produced.
+#[derive(Clone, Debug)]
+pub struct Trained {
+    pub steps: u32,
+    pub tokens: u64,
+    pub mean_loss: f32,
+    /// θ after the inner steps.
+    pub params: Vec<f32>,
+    /// How long training took (for the node's speed).
+    pub secs: f64,
+    /// Stopped before H steps (the window closed or the budget ran out).
+    pub yielded: bool,
+}
+
+/// What the machine wants done.
+#[derive(Clone, Debug)]
+pub enum Output {
+    /// Sign this status, serve it and send it to every connected peer.
+    Announce(Status),
+    /// Sign this status and serve it (peers ask for it); nothing is sent.
+    Serve(Status),
+    /// Send our served status to one peer (it just connected).
+    Greet(Key),
+    /// Ask these peers for their statuses; each answers with [`Input::StatusAnswer`].
+    AskStatuses(Vec<Key>),
+    /// Send our contribution to these peers.
+    Push {
+        to: Vec<Key>,
+        envelope: Arc<SignedEnvelope>,
+    },
+    /// Serve this verified contribution to peers who ask for it.
+    Hold(Arc<SignedEnvelope>),
+    /// Stop serving contributions of rounds before this one.
+    ForgetBefore(u64),
+    /// Ask `from` for `sender`'s contribution to `round`; the answer comes back as
+    /// [`Input::Contribution`] or [`Input::NotFound`].
+    Fetch { from: Key, round: u64, sender: Key },
+    /// Download the state `hash` of `round` from one of `from`; the answer comes back as
+    /// [`Input::State`] or [`Input::StateFailed`].
+    FetchState {
+        from: Vec<Key>,
+        round: u64,
+        hash: Hash32,
+    },
+    /// Run up to `steps` inner steps from `state` (starting afresh from it when `fresh`, or when
+    /// the trainer holds another state), within `budget_ms` when set.
+    Train {
+        state: Arc<StateSnapshot>,
+        hash: Hash32,
+        steps: u32,
+        budget_ms: Option<Millis>,
+        fresh: bool,
+    },
+    /// The node holds a new state: load it, checkpoint it, serve it.
+    NewState(NewState),
+    /// Something a user or a test would want to know.
+    Note(Note),
+    /// The node holds θ(rounds), or was shut down: it leaves.
+    Finished(&'static str),
+    /// The node cannot go on.
+    Failed(String),
+}
+
+/// A state the node moved to, and how.
+#[derive(Clone, Debug)]
+pub struct NewState {
+    pub state: Arc<StateSnapshot>,
+    pub hash: Hash32,
+    pub how: How,
+}
+
+/// How a node came to hold a state.
+#[derive(Clone, Debug)]
+pub enum How {
+    /// Its own round's outer step.
+    Stepped(RoundSummary),
+    /// A peer's state, verified.
+    Synced {
+        from: Key,
+        /// "behind the swarm" or "diverged from the swarm".
+        reason: &'static str,
+        /// "replay" or "attested".
+        verified: &'static str,
+        bytes: u64,
+        /// The state it replaced (a fork of the same round).
+        replaced: Option<Hash32>,
+    },
+}
+
+/// One completed round as the node saw it.
+#[derive(Clone, Debug)]
+pub struct RoundSummary {
+    /// The round the new state begins (r + 1).
+    pub round: u64,
+    pub contributors: usize,
+    pub planned: u32,
+    pub step_scale: f32,
+    pub noise: Option<f64>,
+    /// Tokens each contributor's delta was weighted by.
+    pub weights: Vec<(Key, u64)>,
+    pub tokens: u64,
+    pub inner_steps: u32,
+    pub train_loss: f32,
+    pub train_secs: f64,
+    pub wire_delta_bytes: u64,
+    /// Peers still missing when the deadline passed (0 when everyone arrived).
+    pub missed_deadline: usize,
+}
+
+/// Notable happenings, for logs, events and tests.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Note {
+    Refused {
+        round: u64,
+        from: Key,
+        reason: String,
+    },
+    /// A claimed state did not verify; it is not adopted.
+    Rejected {
+        round: u64,
+        hash: Hash32,
+        reason: String,
+    },
+    DeadlinePassed {
+        round: u64,
+        missing: usize,
+    },
+    /// Our training went non-finite; the round's work is dropped.
+    Diverged {
+        round: u64,
+        index: usize,
+        in_a_row: u32,
+    },
+    /// An attested state further on exists: this round is abandoned to catch up.
+    Behind {
+        round: u64,
+    },
+    /// Joined the round under way for the time it has left.
+    JoinedLate {
+        round: u64,
+        budget_ms: Millis,
+    },
+    /// Synced in the middle of a round: waiting for it to end.
+    WaitingForRoundEnd {
+        round: u64,
+    },
+    /// A better state did not verify yet and nobody else trains our state's round: trying
+    /// again before training alone.
+    Stalled {
+        round: u64,
+        times: u32,
+    },
+    /// The window closed before the first step: nothing to send.
+    Yielded {
+        round: u64,
+    },
+}
+
+/// What the machine knows of one peer.
+#[derive(Clone, Debug, Default)]
+struct Peer {
+    connected: bool,
+    status: Option<Status>,
+    tokens_per_sec: Option<f64>,
+}
+
+/// Where the node is in its round.
+#[derive(Debug)]
+enum Stage {
+    /// Waiting for `min_peers` trainers before the first round.
+    Starting,
+    /// Waiting (until the deadline) for peers still finishing the previous round.
+    Aligning {
+        until: Millis,
+    },
+    Verifying(align::Verifying),
+    /// Synced in the middle of a round: waiting for it to end.
+    Waiting {
+        until: Millis,
+    },
+    /// A better state exists that did not verify yet (a fetch failed): aligning again at `at`
+    /// rather than training a round nobody else works on.
+    Retrying {
+        at: Millis,
+    },
+    Training {
+        started: Millis,
+    },
+    Collecting(collect::Collecting),
+    Reconciling(step::Reconciling),
+    Paused,
+    Done,
+}
+
+/// A node's round rules, as a pure state machine. See the [module docs](self).
+pub struct RoundMachine {
+    cfg: Config,
+    me: Key,
+    state: Arc<StateSnapshot>,
+    hash: Hash32,
+    /// θ(r−1) when we computed or replayed ours from it: the base a fork of our round replays from.
+    prev: Option<(Arc<StateSnapshot>, Hash32)>,
+    ef: ErrorFeedback,
+    phase: Phase,
+    holding: Vec<Key>,
+    peers: BTreeMap<Key, Peer>,
+    /// Verified contributions we hold and serve, by round and sender.
+    held: BTreeMap<(u64, Key), Arc<SignedEnvelope>>,
+    /// Contributions for a round we have not reached (or that came while not collecting).
+    stash: Vec<(Key, Arc<SignedEnvelope>)>,
+    rejected: Rejections,
+    /// When a peer was first seen training each recent round.
+    round_started: BTreeMap<u64, Millis>,
+    /// Status look-ups still unanswered, and until when they are waited for.
+    asking: Option<(BTreeSet<Key>, Millis)>,
+    available: bool,
+    stage: Stage,
+    just_synced: bool,
+    waited_for_round: bool,
+    diverged_in_a_row: u32,
+    /// Waits in a row for a better state that did not verify yet ([`MAX_STALLS`]).
+    stalls: u32,
+    /// The next training starts afresh from θ (after a non-finite round).
+    fresh: bool,
+    trained_any: bool,
+    tokens_per_sec: Option<f64>,
+    out: Vec<Output>,
+}
+
+impl RoundMachine {
+    /// A machine holding `state` (genesis, or the node's checkpoint).
+    pub fn new(cfg: Config, state: StateSnapshot) -> Self {
+        let hash = state.hash();
+        let me = cfg.key.verifying_key().to_bytes();
+        RoundMachine {
+            cfg,
+            me,
+            state: Arc::new(state),
+            hash,
+            prev: None,
+            ef: ErrorFeedback::default(),
+            phase: Phase::Ready,
+            holding: vec![],
+            peers: BTreeMap::new(),
+            held: BTreeMap::new(),
+            stash: vec![],
+            rejected: Rejections::default(),
+            round_started: BTreeMap::new(),
+            asking: None,
+            available: true,
+            stage: Stage::Starting,
+            just_synced: false,
+            waited_for_round: false,
+            diverged_in_a_row: 0,
+            stalls: 0,
+            fresh: false,
+            trained_any: false,
+            tokens_per_sec: None,
+            out: vec![],
+        }
+    }
+
+    /// The round this node holds θ of.
+    pub fn round(&self) -> u64 {
+        self.state.round
+    }
+
+    pub fn hash(&self) -> Hash32 {
+        self.hash
+    }
+
+    pub fn state(&self) -> &Arc<StateSnapshot> {
+        &self.state
+    }
+
+    pub fn key(&self) -> Key {
+        self.me
+    }
+
+    /// The stage's name, for logs and the simulator's tallies.
+    pub fn stage(&self) -> &'static str {
+        match self.stage {
+            Stage::Starting => "starting",
+            Stage::Aligning { .. } => "aligning",
+            Stage::Verifying(_) => "verifying",
+            Stage::Waiting { .. } => "waiting",
+            Stage::Retrying { .. } => "retrying",
+            Stage::Training { .. } => "training",
+            Stage::Collecting(_) => "collecting",
+            Stage::Reconciling(_) => "reconciling",
+            Stage::Paused => "paused",
+            Stage::Done => "done",
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        matches!(self.stage, Stage::Done)
+    }
+
+    /// The status this node would announce now (`unix_ms` left for the signer to set).
+    pub fn status(&self) -> Status {
+        Status {
+            role: NodeRole::Trainer,
+            phase: self.phase,
+            round: self.state.round,
+            state_hash: self.hash,
+            formed_by: self.state.formed_by.clone(),
+            holding: self.holding.clone(),
+            unix_ms: 0,
+        }
+    }
+
+    /// Handles one input at `now` and returns what to do.
+    pub fn handle(&mut self, now: Millis, input: Input) -> Vec<Output> {
+        let tick = matches!(input, Input::Tick);
+        match input {
+            Input::Start => {
+                self.announce(Phase::Ready);
+            }
+            Input::Tick => {}
+            Input::Connected(k) => {
+                self.peers.entry(k).or_default().connected = true;
+                self.out.push(Output::Greet(k));
+            }
+            Input::Disconnected(k) => {
+                if let Some(p) = self.peers.get_mut(&k) {
+                    p.connected = false;
+                    p.status = None;
+                }
+                self.answered(k);
+            }
+            Input::Status { from, status } => self.note_status(now, from, status),
+            Input::StatusAnswer { from, status } => {
+                if let Some(s) = status {
+                    self.note_status(now, from, s);
+                }
+                self.answered(from);
+            }
+            Input::Speed {
+                from,
+                tokens_per_sec,
+            } => {
+                if tokens_per_sec.is_finite() && tokens_per_sec > 0.0 {
+                    self.peers.entry(from).or_default().tokens_per_sec = Some(tokens_per_sec);
+                }
+            }
+            Input::Contribution { from, envelope } => self.on_contribution(now, from, envelope),
+            Input::NotFound {
+                from,
+                round,
+                sender,
+            } => self.on_not_found(now, from, round, sender),
+            Input::State { from, state, bytes } => self.on_state(now, from, state, bytes),
+            Input::StateFailed { hash } => self.on_state_failed(now, hash),
+            Input::Trained(t) => {
+                if matches!(self.stage, Stage::Training { .. }) {
+                    self.on_trained(now, t);
+                }
+            }
+            Input::Window(open) => self.available = open,
+            Input::Shutdown => {
+                if !self.is_done() {
+                    self.finish("shutdown");
+                }
+            }
+        }
+        self.advance(now, tick);
+        std::mem::take(&mut self.out)
+    }
+
+    /// Moves the round on as far as what is known allows.
+    fn advance(&mut self, now: Millis, tick: bool) {
+        if let Some((_, until)) = &self.asking
+            && now >= *until
+        {
+            self.asking = None;
+        }
+        // Each pass either changes the stage or leaves it; a few passes settle any input.
+        for _ in 0..16 {
+            let before = self.stage();
+            match &self.stage {
+                Stage::Starting => {
+                    if self.done() || self.live_peers() >= self.cfg.min_peers {
+                        self.begin_round(now);
+                    }
+                }
+                Stage::Aligning { until } => {
+                    let until = *until;
+                    self.align_wait(now, until);
+                }
+                Stage::Verifying(_) => self.verify_step(now),
+                Stage::Waiting { until } => {
+                    let until = *until;
+                    if !self.round_under_way() || now >= until || !self.available {
+                        self.begin_round(now);
+                    }
+                }
+                Stage::Retrying { at } => {
+                    if now >= *at {
+                        self.begin_round(now);
+                    }
+                }
+                Stage::Training { .. } | Stage::Done => {}
+                Stage::Collecting(_) => self.collect_step(now, tick),
+                Stage::Reconciling(_) => self.reconcile_step(now, tick),
+                Stage::Paused => {
+                    if self.available {
+                        self.begin_round(now);
+                    }
+                }
+            }
+            if self.stage() == before {
+                break;
+            }
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.cfg.rounds.is_some_and(|n| self.state.round >= n)
+    }
+
+    fn announce(&mut self, phase: Phase) {
+        self.phase = phase;
+        self.out.push(Output::Announce(self.status()));
+    }
+
+    fn finish(&mut self, reason: &'static str) {
+        self.stage = Stage::Done;
+        self.announce(Phase::Done);
+        self.out.push(Output::Finished(reason));
+    }
+
+    /// Records a peer's status unless we hold a newer one from it.
+    fn note_status(&mut self, now: Millis, from: Key, status: Status) {
+        let p = self.peers.entry(from).or_default();
+        if p.status
+            .as_ref()
+            .is_some_and(|old| old.unix_ms > status.unix_ms)
+        {
+            return;
+        }
+        if status.phase == Phase::Training && status.role == NodeRole::Trainer {
+            self.round_started.entry(status.round).or_insert(now);
+            let keep = status.round.saturating_sub(2);
+            self.round_started.retain(|r, _| *r >= keep);
+        }
+        p.status = Some(status);
+    }
+
+    fn answered(&mut self, from: Key) {
+        if let Some((waiting, _)) = &mut self.asking {
+            waiting.remove(&from);
+            if waiting.is_empty() {
+                self.asking = None;
+            }
+        }
+    }
+
+    /// Asks every connected peer for its status; the stages that need fresh statuses wait for
+    /// the answers (at most [`LOOKUP_MS`]).
+    fn refresh_statuses(&mut self, now: Millis) {
+        let peers: Vec<Key> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.connected)
+            .map(|(k, _)| *k)
+            .collect();
+        if peers.is_empty() {
+            return;
+        }
+        self.asking = Some((peers.iter().copied().collect(), now + LOOKUP_MS));
+        self.out.push(Output::AskStatuses(peers));
+    }
+
+    fn refreshing(&self) -> bool {
+        self.asking.is_some()
+    }
+
+    /// Connected trainer peers that have not left, with their statuses.
+    fn trainer_peers(&self) -> impl Iterator<Item = (&Key, &Status)> {
+        self.peers.iter().filter_map(|(k, p)| {
+            let s = p.status.as_ref()?;
+            (p.connected && s.role == NodeRole::Trainer && s.phase != Phase::Done).then_some((k, s))
+        })
+    }
+
+    /// Trainer peers that are not paused.
+    fn live_peers(&self) -> usize {
+        self.trainer_peers()
+            .filter(|(_, s)| s.phase != Phase::Paused)
+            .count()
+    }
+
+    /// Peers working on round `r` from our state (about to train, training or collecting): the
+    /// ones whose contributions our round can count. A peer on another state of the round sends
+    /// contributions we refuse, so nobody waits for it.
+    fn working_on(&self, r: u64) -> impl Iterator<Item = (&Key, &Status)> {
+        let ours = self.hash;
+        self.trainer_peers().filter(move |(_, s)| {
+            s.round == r
+                && s.state_hash == ours
+                && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting)
+        })
+    }
+
+    /// Starts the next round: finish, pause, or align.
+    fn begin_round(&mut self, now: Millis) {
+        if self.done() {
+            if self.trained_any {
+                // No next round's align will repair a fork of the last round: look once more.
+                self.start_verifying(now, true);
+            } else {
+                self.finish("finished");
+            }
+            return;
+        }
+        if !self.available {
+            self.stage = Stage::Paused;
+            if self.phase != Phase::Paused {
+                self.announce(Phase::Paused);
+            }
+            return;
+        }
+        self.just_synced = false;
+        self.stage = Stage::Aligning {
+            until: now + ALIGN_WAIT_MS,
+        };
+        self.refresh_statuses(now);
+    }
+
+    /// Keeps `env` for a round not reached yet: only what its sender signed (and, in a private
+    /// swarm, a member's), a few per sender and round, a bounded number in all.
+    fn stash_push(&mut self, from: Key, env: Arc<SignedEnvelope>) {
+        if let Err(e) = env.check_signer(self.cfg.recipe.allowlist.as_deref()) {
+            self.out.push(Output::Note(Note::Refused {
+                round: self.state.round,
+                from,
+                reason: e.to_string(),
+            }));
+            return;
+        }
+        let max = self
+            .cfg
+            .recipe
+            .allowlist
+            .as_ref()
+            .map_or(MAX_STASHED, |m| m.len() * STASH_PER_SENDER);
+        let same = self
+            .stash
+            .iter()
+            .filter(|(_, e)| {
+                e.header.sender == env.header.sender && e.header.round == env.header.round
+            })
+            .count();
+        if self.stash.len() < max && same < STASH_PER_SENDER {
+            self.stash.push((from, env));
+        }
+    }
+
+    fn on_contribution(&mut self, now: Millis, from: Key, env: Arc<SignedEnvelope>) {
+        match &self.stage {
+            Stage::Collecting(_) | Stage::Reconciling(_) => self.consider(now, from, env),
+            Stage::Verifying(_) => self.replay_offer(now, from, env),
+            _ => {
+                if env.header.round >= self.state.round {
+                    self.stash_push(from, env);
+                }
+            }
+        }
+    }
+
+    /// The contribution id of a held envelope, when it is `id`.
+    fn held_as(&self, round: u64, id: &ContributionId) -> Option<Arc<SignedEnvelope>> {
+        self.held
+            .get(&(round, id.sender))
+            .filter(|e| ContributionId::of(e) == *id)
+            .cloned()
+    }
+
+    /// Records a verified contribution as held and served.
+    fn hold(&mut self, round: u64, env: Arc<SignedEnvelope>) {
+        self.held.insert((round, env.header.sender), env.clone());
+        self.out.push(Output::Hold(env));
+    }
+}
+
+/// The collected set in sender order, as the wire lists it.
+fn ids(set: &BTreeMap<Key, Accepted>) -> Vec<ContributionId> {
+    set.values()
+        .map(|a| ContributionId {
+            sender: a.sender,
+            digest: a.digest,
+        })
+        .collect()
+}
+
+/// Short hex of a key, for messages.
+fn short(k: &Key) -> String {
+    hex::encode(&k[..6])
+}

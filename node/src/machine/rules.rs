@@ -1,0 +1,454 @@
+//! Verified state, the pure rules: a node adopts a peer's state only when it can check it.
+//!
+//! A state θ(r+1) is the deterministic result of applying the swarm's aggregator and outer step
+//! ([`Recipe::apply`]) to θ(r) and the set of signed contributions that formed it. So:
+//! - **Replay.** A state one round ahead of one we trust (our current state, or for a fork the
+//!   state before it) is checked by fetching the contributions its holders say formed it,
+//!   verifying each (signature, swarm, round, base state, membership, bounds) and replaying the
+//!   round — no training, and fewer bytes than the state itself.
+//! - **Attestation.** A state further ahead is adopted only when the swarm's rules vouch for
+//!   it: a bootstrap node named in the manifest (which follows every round by replay) signed a
+//!   status holding it, or, in a private swarm, the manifest's quorum of members did.
+//! - **Choice.** Between verified states of one round, the one formed by more contributions
+//!   wins, then the smaller hash ([`preferred`]); every node applying this picks the same.
+//!
+//! A claim — a signed status — is only a pointer to something to check; how many peers repeat
+//! it does not matter.
+
+use nightshift_model::OuterOptimizer;
+use nightshift_protocol::{
+    Aggregator, ContributionId, DeltaCodec, Hash32, SignedEnvelope, SignedManifest, StateSnapshot,
+    Status,
+};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use thiserror::Error;
+
+use super::accept::{Accepted, RoundContext, RoundStep, accept, round_step};
+use super::{Key, Millis};
+
+/// Holders asked for one contribution before a replay gives up on it.
+pub const MAX_HOLDERS_ASKED: usize = 3;
+/// Most contributions a round of an open swarm counts.
+pub const MAX_OPEN_CONTRIBUTORS: usize = 256;
+/// Most candidate states tried per alignment (each may cost a look-up per contribution).
+pub const MAX_CANDIDATES: usize = 4;
+
+/// What replaying a round needs to know about the swarm: the manifest's recipe.
+#[derive(Clone, Debug)]
+pub struct Recipe {
+    pub swarm_id: Hash32,
+    /// Members who may contribute (`None`: an open swarm).
+    pub allowlist: Option<Vec<[u8; 32]>>,
+    /// Bootstrap keys, whose attestation a node far behind trusts.
+    pub bootstraps: Vec<[u8; 32]>,
+    pub attest_quorum: u32,
+    pub num_params: usize,
+    /// Parameter shapes in flat order (the low-rank codec's matrices).
+    pub shapes: Arc<Vec<Vec<usize>>>,
+    pub codec: DeltaCodec,
+    /// Most tokens one round can train (H · batch · seq).
+    pub max_tokens: u64,
+    pub aggregator: Aggregator,
+    pub outer_lr: f32,
+    pub outer_momentum: f32,
+}
+
+impl Recipe {
+    /// The recipe of `m` for a model of `shapes`.
+    pub fn new(m: &SignedManifest, shapes: Arc<Vec<Vec<usize>>>) -> Self {
+        let t = &m.manifest.training;
+        Recipe {
+            swarm_id: m.swarm_id(),
+            allowlist: m.manifest.allowlist().map(<[_]>::to_vec),
+            bootstraps: m.manifest.bootstraps.clone(),
+            attest_quorum: m.manifest.attest_quorum,
+            num_params: shapes.iter().map(|s| s.iter().product::<usize>()).sum(),
+            shapes,
+            codec: t.codec,
+            max_tokens: t.inner_steps as u64
+                * t.batch_size as u64
+                * m.manifest.model.seq_len as u64,
+            aggregator: m.manifest.aggregator,
+            outer_lr: t.outer_lr,
+            outer_momentum: t.outer_momentum,
+        }
+    }
+
+    /// Most contributions one round may count: the members, or [`MAX_OPEN_CONTRIBUTORS`] in an
+    /// open swarm (where keys are free, so the bound is what keeps a round's memory bounded).
+    pub fn max_contributors(&self) -> usize {
+        self.allowlist
+            .as_ref()
+            .map_or(MAX_OPEN_CONTRIBUTORS, Vec::len)
+    }
+
+    /// Whether `claim` could be a state of this swarm at all: no more contributions than a round
+    /// counts, and in a swarm with an allowlist, only members' (the list is checked again by
+    /// the replay; this keeps a made-up list from costing look-ups or inflating a count).
+    pub fn plausible(&self, claim: &Claim) -> bool {
+        claim.formed_by.len() <= self.max_contributors()
+            && self.allowlist.as_ref().is_none_or(|members| {
+                claim
+                    .formed_by
+                    .iter()
+                    .all(|id| members.contains(&id.sender))
+            })
+    }
+
+    /// What a contribution to the round that starts from `base` (whose hash is `base_hash`)
+    /// must match.
+    pub fn context(&self, round: u64, base_hash: Hash32) -> RoundContext<'_> {
+        RoundContext {
+            swarm_id: self.swarm_id,
+            round,
+            base_hash,
+            allowlist: self.allowlist.as_deref(),
+            num_params: self.num_params,
+            shapes: &self.shapes,
+            codec: self.codec,
+            max_tokens: self.max_tokens,
+        }
+    }
+
+    /// The round from `base` with the contributions `set`: θ(r+1) with its momentum, the set that
+    /// formed it and the noise ratio, and the step taken. The one function both a round's own
+    /// outer step and a replay run, so the two agree bit for bit. `None` when `set` is empty.
+    pub fn apply(
+        &self,
+        base: &StateSnapshot,
+        set: &BTreeMap<[u8; 32], Accepted>,
+    ) -> Option<(StateSnapshot, RoundStep)> {
+        let step = round_step(set, base.noise, self.aggregator)?;
+        let mut params = base.params.clone();
+        let mut outer = OuterOptimizer {
+            lr: self.outer_lr,
+            momentum: self.outer_momentum,
+            buf: base.momentum.clone(),
+        };
+        outer.step(&mut params, &step.delta);
+        let state = StateSnapshot {
+            round: base.round + 1,
+            params,
+            momentum: outer.buf,
+            formed_by: set
+                .values()
+                .map(|a| ContributionId {
+                    sender: a.sender,
+                    digest: a.digest,
+                })
+                .collect(),
+            noise: step.noise,
+        };
+        Some((state, step))
+    }
+
+    /// Whether the swarm's rules vouch for `claim` without a replay: a bootstrap named in the
+    /// manifest signed it, or (private swarm) at least the quorum of members did.
+    pub fn attested(&self, claim: &Claim) -> bool {
+        if claim.signers.iter().any(|s| self.bootstraps.contains(s)) {
+            return true;
+        }
+        match &self.allowlist {
+            Some(members) => {
+                let n = claim
+                    .signers
+                    .iter()
+                    .filter(|s| members.contains(s))
+                    .collect::<HashSet<_>>()
+                    .len();
+                n >= self.attest_quorum.max(1) as usize
+            }
+            // In an open swarm anyone can make keys: only bootstraps attest.
+            None => false,
+        }
+    }
+}
+
+/// A state some peers say they hold: its round, hash and the contributions that formed it, who
+/// holds it and who signed that.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub round: u64,
+    pub hash: Hash32,
+    /// Sorted by sender, one per sender.
+    pub formed_by: Vec<ContributionId>,
+    /// The peers (their keys) whose signed statuses claim it: they hold it, and they signed
+    /// that they do.
+    pub holders: Vec<Key>,
+    pub signers: Vec<Key>,
+}
+
+/// Groups verified statuses, each with the key of the peer that signed it, into claims (one per
+/// round, hash and contribution set). A status that lists a sender twice claims nothing.
+pub fn group_claims<'a>(statuses: impl IntoIterator<Item = (Key, &'a Status)>) -> Vec<Claim> {
+    let mut out: Vec<Claim> = vec![];
+    for (signer, s) in statuses {
+        let mut formed = s.formed_by.clone();
+        formed.sort_unstable();
+        if formed.windows(2).any(|w| w[0].sender == w[1].sender) {
+            continue;
+        }
+        match out
+            .iter_mut()
+            .find(|c| c.round == s.round && c.hash == s.state_hash && c.formed_by == formed)
+        {
+            Some(c) => {
+                c.holders.push(signer);
+                c.signers.push(signer);
+            }
+            None => out.push(Claim {
+                round: s.round,
+                hash: s.state_hash,
+                formed_by: formed,
+                holders: vec![signer],
+                signers: vec![signer],
+            }),
+        }
+    }
+    out
+}
+
+/// Which of two states of the same round the swarm continues from: the one formed by more
+/// contributions (more of the swarm's work counted), then the smaller hash. `Less` means `a` is
+/// preferred.
+pub fn preferred(a: (usize, Hash32), b: (usize, Hash32)) -> Ordering {
+    b.0.cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+/// How long a claim that failed to verify through its own fault, and the peers that signed it,
+/// are left alone.
+pub const REJECT_SECS: u64 = 30;
+/// How long a claim that failed through no fault of its own (a contribution that could not be
+/// fetched in time, a state built on another base than ours) waits before it is tried again.
+pub const RETRY_SECS: u64 = 5;
+
+/// Claims that failed to verify lately, and the signers of those that were at fault: a faulty
+/// claim and its signers are not tried again for [`REJECT_SECS`], so a peer that keeps claiming
+/// made-up states (a new one every second) costs a node one failed verification per
+/// [`REJECT_SECS`], not one per round. A claim that failed only because the network did (or it
+/// builds on a state we do not hold) is tried again after [`RETRY_SECS`], and leaves its signers
+/// in good standing. Times are the caller's clock, in milliseconds.
+#[derive(Debug, Default)]
+pub struct Rejections {
+    hashes: HashMap<Hash32, (Millis, bool)>,
+    signers: HashMap<[u8; 32], Millis>,
+}
+
+impl Rejections {
+    /// Notes at `now` that `claim` failed to verify: its hash, and when the claim itself was at
+    /// fault (not the network), its signers too.
+    pub fn note(&mut self, claim: &Claim, fault: bool, now: Millis) {
+        let was_fault = self.hashes.get(&claim.hash).is_some_and(|(_, f)| *f);
+        self.hashes.insert(claim.hash, (now, fault || was_fault));
+        if fault {
+            for s in &claim.signers {
+                self.signers.insert(*s, now);
+            }
+        }
+    }
+
+    /// Forgets what is older than [`REJECT_SECS`] (a fault) or [`RETRY_SECS`] at `now`.
+    pub fn prune(&mut self, now: Millis) {
+        let age = |at: Millis| now.saturating_sub(at);
+        self.hashes.retain(|_, (at, fault)| {
+            age(*at) < if *fault { REJECT_SECS } else { RETRY_SECS } * 1000
+        });
+        self.signers.retain(|_, at| age(*at) < REJECT_SECS * 1000);
+    }
+
+    /// Whether `claim` failed lately through its own fault, or every one of its signers signed
+    /// a claim that did.
+    pub fn faulty(&self, claim: &Claim) -> bool {
+        self.hashes.get(&claim.hash).is_some_and(|(_, f)| *f)
+            || (!claim.signers.is_empty()
+                && claim.signers.iter().all(|s| self.signers.contains_key(s)))
+    }
+
+    /// Whether `claim` is left alone: its hash failed lately, or every one of its signers
+    /// signed a claim that was at fault.
+    pub fn skips(&self, claim: &Claim) -> bool {
+        self.hashes.contains_key(&claim.hash)
+            || (!claim.signers.is_empty()
+                && claim.signers.iter().all(|s| self.signers.contains_key(s)))
+    }
+}
+
+/// One way to a better state, in the order to try them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Candidate {
+    /// A state of our own round formed differently, preferred over ours: replay it from the
+    /// state before ours.
+    Fork(Claim),
+    /// A state one round ahead: replay it from ours.
+    Ahead(Claim),
+    /// A state more than a round ahead, vouched for by attestation: download it and check its
+    /// hash and contribution list.
+    Attested(Claim),
+}
+
+impl Candidate {
+    pub fn claim(&self) -> &Claim {
+        match self {
+            Candidate::Fork(c) | Candidate::Ahead(c) | Candidate::Attested(c) => c,
+        }
+    }
+}
+
+/// What we hold: the round, hash and number of contributions that formed it.
+#[derive(Clone, Copy, Debug)]
+pub struct Held {
+    pub round: u64,
+    pub hash: Hash32,
+    pub formed: usize,
+}
+
+/// The candidates worth trying, best first: forks of our round that the rules prefer over our
+/// state, then states one round ahead (most contributions first), both to be replayed, then
+/// attested states more than one round ahead (highest round first). A state a node could replay
+/// is never taken on attestation: what fails to replay is not adopted, however many sign it.
+/// Claims that `rejected` skips, and implausible ones ([`Recipe::plausible`]), are left out.
+pub fn candidates(
+    recipe: &Recipe,
+    held: Held,
+    claims: &[Claim],
+    rejected: &Rejections,
+) -> Vec<Candidate> {
+    let key = |c: &Claim| (c.formed_by.len(), c.hash);
+    let fresh = |c: &&Claim| !rejected.skips(c) && c.hash != held.hash && recipe.plausible(c);
+    let mut forks: Vec<&Claim> = claims
+        .iter()
+        .filter(fresh)
+        .filter(|c| c.round == held.round)
+        .filter(|c| preferred(key(c), (held.formed, held.hash)) == Ordering::Less)
+        .collect();
+    forks.sort_by(|a, b| preferred(key(a), key(b)));
+    let mut ahead: Vec<&Claim> = claims
+        .iter()
+        .filter(fresh)
+        .filter(|c| c.round == held.round + 1)
+        .collect();
+    ahead.sort_by(|a, b| preferred(key(a), key(b)));
+    let mut far: Vec<&Claim> = claims
+        .iter()
+        .filter(fresh)
+        .filter(|c| c.round > held.round + 1 && recipe.attested(c))
+        .collect();
+    far.sort_by(|a, b| b.round.cmp(&a.round).then(preferred(key(a), key(b))));
+    let mut out: Vec<Candidate> = forks
+        .iter()
+        .map(|c| Candidate::Fork((*c).clone()))
+        .collect();
+    out.extend(ahead.iter().map(|c| Candidate::Ahead((*c).clone())));
+    out.extend(far.iter().map(|c| Candidate::Attested((*c).clone())));
+    out.truncate(MAX_CANDIDATES * 2);
+    out
+}
+
+/// Why a claimed state could not be verified.
+#[derive(Debug, Error)]
+pub enum ReplayError {
+    #[error("no holder served {0}'s contribution")]
+    Unavailable(String),
+    #[error("contribution of {sender}: {reason}")]
+    Refused { sender: String, reason: String },
+    #[error("the claim names {0} contributors, more than the swarm can have")]
+    TooMany(usize),
+    #[error("the claim names no contributions")]
+    Empty,
+    #[error("replaying the round gives state {got}, not the claimed {claimed}")]
+    Mismatch { got: String, claimed: String },
+    #[error("fetching the contributions took too long")]
+    TimedOut,
+    #[error("the claim's contributions build on state {got}, not on ours ({ours})")]
+    OtherBase { got: String, ours: String },
+    #[error("replay task failed: {0}")]
+    Task(String),
+}
+
+impl ReplayError {
+    /// Whether the claim itself is at fault (its contributions do not form it, or are not
+    /// acceptable), rather than the network (a contribution that could not be had in time).
+    pub fn is_fault(&self) -> bool {
+        !matches!(
+            self,
+            ReplayError::Unavailable(_)
+                | ReplayError::TimedOut
+                | ReplayError::Task(_)
+                | ReplayError::OtherBase { .. }
+        )
+    }
+}
+
+/// A verified state and what verifying it took.
+pub struct Replayed {
+    pub state: StateSnapshot,
+    pub hash: Hash32,
+    /// The contributions that formed it, to serve to others who replay it from us.
+    pub envelopes: Vec<Arc<SignedEnvelope>>,
+    pub step: RoundStep,
+    /// Bytes of the contributions fetched (not counting those we held).
+    pub fetched_bytes: u64,
+    /// Milliseconds spent on verifying and replaying (not fetching).
+    pub replay_ms: f64,
+}
+
+/// The CPU side of a replay: verifies every envelope against the round that starts from `base`
+/// (hash `base_hash`), applies the round, and checks the result against `claimed`. What the
+/// replay costs a node, and what `bench trust` measures.
+///
+/// # Errors
+/// A refused contribution, an empty set, or a result other than `claimed`.
+pub fn replay_round(
+    recipe: &Recipe,
+    base: &StateSnapshot,
+    base_hash: Hash32,
+    envelopes: Vec<Arc<SignedEnvelope>>,
+    claimed: Hash32,
+) -> Result<Replayed, ReplayError> {
+    let t0 = std::time::Instant::now(); // measures the replay's cost; decides nothing
+    let ctx = recipe.context(base.round, base_hash);
+    // Verifying and decoding each contribution is independent of the others: in parallel.
+    use rayon::prelude::*;
+    let accepted: Vec<Accepted> = envelopes
+        .par_iter()
+        .map(|env| {
+            accept(&ctx, env).map_err(|e| match e {
+                // Signed, but for another base: we diverged further back than this round, which
+                // is nobody's fault in particular (a state from a quorum or bootstrap repairs it).
+                super::accept::Refusal::Verify(nightshift_protocol::VerifyError::WrongBase {
+                    got,
+                    expected,
+                }) => ReplayError::OtherBase {
+                    got,
+                    ours: expected,
+                },
+                e => ReplayError::Refused {
+                    sender: hex::encode(&env.header.sender[..6]),
+                    reason: e.to_string(),
+                },
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let set: BTreeMap<[u8; 32], Accepted> = accepted.into_iter().map(|a| (a.sender, a)).collect();
+    let (state, step) = recipe.apply(base, &set).ok_or(ReplayError::Empty)?;
+    let hash = state.hash();
+    if hash != claimed {
+        return Err(ReplayError::Mismatch {
+            got: hash.short(),
+            claimed: claimed.short(),
+        });
+    }
+    Ok(Replayed {
+        state,
+        hash,
+        envelopes,
+        step,
+        fetched_bytes: 0,
+        replay_ms: t0.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,234 @@
+//! Step: reconcile the round's set with what the peers hold or used — so that every node
+//! averages the same contributions — then take the swarm's outer step ([`Recipe::apply`], the
+//! function a replay runs too) and begin the next round.
+
+use super::collect::Collecting;
+use super::*;
+
+/// Per sender still wanted while reconciling: where it is listed (holder, and the digest when a
+/// peer's next state names the very contribution), the holder asked, and when.
+type Pending = BTreeMap<Key, (Vec<(Key, Option<Hash32>)>, usize, Millis)>;
+
+/// Reconciling under way.
+#[derive(Debug)]
+pub(super) struct Reconciling {
+    pub(super) collecting: Collecting,
+    /// The wanted list is drawn once the peers' fresh statuses are in.
+    listed: bool,
+    pending: Pending,
+    until: Millis,
+    missed: usize,
+}
+
+impl RoundMachine {
+    pub(super) fn start_reconcile(&mut self, now: Millis, missed: usize) {
+        let Stage::Collecting(_) = &self.stage else {
+            return;
+        };
+        let Stage::Collecting(collecting) = std::mem::replace(&mut self.stage, Stage::Done) else {
+            return;
+        };
+        self.stage = Stage::Reconciling(Reconciling {
+            collecting,
+            listed: false,
+            pending: BTreeMap::new(),
+            until: now + RECONCILE_MS,
+            missed,
+        });
+        self.refresh_statuses(now);
+    }
+
+    pub(super) fn reconcile_step(&mut self, now: Millis, _tick: bool) {
+        let Stage::Reconciling(rc) = &self.stage else {
+            return;
+        };
+        let until = rc.until;
+        if !rc.listed {
+            if self.refreshing() && now < until {
+                return;
+            }
+            self.list_wanted(now);
+        }
+        let Stage::Reconciling(rc) = &mut self.stage else {
+            return;
+        };
+        let r = self.state.round;
+        let mut ask = vec![];
+        let mut gone = vec![];
+        for (sender, (holders, i, at)) in rc.pending.iter_mut() {
+            if now >= *at + FETCH_TIMEOUT_MS {
+                *i += 1;
+                *at = now;
+                match holders.get(*i) {
+                    Some((h, _)) => ask.push((*h, *sender)),
+                    None => gone.push(*sender),
+                }
+            }
+        }
+        for s in gone {
+            rc.pending.remove(&s);
+        }
+        let finished = rc.pending.is_empty() || now >= until;
+        for (from, sender) in ask {
+            self.out.push(Output::Fetch {
+                from,
+                round: r,
+                sender,
+            });
+        }
+        if finished {
+            self.outer_step(now);
+        }
+    }
+
+    /// What the peers hold for this round, or the very contributions that formed their next
+    /// state, that we lack; bounded ([`MAX_RECONCILE_FETCHES`] beyond the members), since a peer
+    /// listing senders that do not exist costs a look-up each.
+    fn list_wanted(&mut self, now: Millis) {
+        let r = self.state.round;
+        let members = self.cfg.recipe.allowlist.clone();
+        let Some(collected) = self.collected() else {
+            return;
+        };
+        let mut wanted: BTreeMap<Key, Vec<(Key, Option<Hash32>)>> = BTreeMap::new();
+        let mut count = 0;
+        let cap = MAX_RECONCILE_FETCHES + members.as_ref().map_or(0, Vec::len);
+        for (p, s) in self.trainer_peers() {
+            let listed: Vec<(Key, Option<Hash32>)> = if s.round == r {
+                s.holding.iter().map(|k| (*k, None)).collect()
+            } else if s.round == r + 1 {
+                s.formed_by
+                    .iter()
+                    .map(|id| (id.sender, Some(id.digest)))
+                    .collect()
+            } else {
+                vec![]
+            };
+            for (k, d) in listed {
+                if collected.contains_key(&k)
+                    || members.as_ref().is_some_and(|m| !m.contains(&k))
+                    || count >= cap
+                {
+                    continue;
+                }
+                count += 1;
+                wanted.entry(k).or_default().push((*p, d));
+            }
+        }
+        let mut asks = vec![];
+        let pending: Pending = wanted
+            .into_iter()
+            .map(|(k, holders)| {
+                asks.push((holders[0].0, k));
+                (k, (holders, 0, now))
+            })
+            .collect();
+        if let Stage::Reconciling(rc) = &mut self.stage {
+            rc.pending = pending;
+            rc.listed = true;
+        }
+        for (from, sender) in asks {
+            self.out.push(Output::Fetch {
+                from,
+                round: r,
+                sender,
+            });
+        }
+    }
+
+    /// Whether a contribution arriving now is one to consider: while reconciling, one asked for
+    /// by the digest a peer's next state names must be that very one.
+    pub(super) fn reconcile_wants(&self, env: &SignedEnvelope) -> bool {
+        let Stage::Reconciling(rc) = &self.stage else {
+            return true;
+        };
+        match rc.pending.get(&env.header.sender) {
+            Some((holders, i, _)) => holders
+                .get(*i)
+                .and_then(|(_, d)| *d)
+                .is_none_or(|d| d == env.digest()),
+            None => true,
+        }
+    }
+
+    /// A wanted contribution arrived and counted.
+    pub(super) fn fetched(&mut self, _now: Millis, sender: Key) {
+        if let Stage::Reconciling(rc) = &mut self.stage {
+            rc.pending.remove(&sender);
+        }
+    }
+
+    pub(super) fn reconcile_not_found(&mut self, now: Millis, from: Key, sender: Key) {
+        let r = self.state.round;
+        let Stage::Reconciling(rc) = &mut self.stage else {
+            return;
+        };
+        let Some((holders, i, at)) = rc.pending.get_mut(&sender) else {
+            return;
+        };
+        if holders.get(*i).map(|(h, _)| *h) != Some(from) {
+            return;
+        }
+        *i += 1;
+        *at = now;
+        match holders.get(*i) {
+            Some((h, _)) => {
+                let h = *h;
+                self.out.push(Output::Fetch {
+                    from: h,
+                    round: r,
+                    sender,
+                });
+            }
+            None => {
+                rc.pending.remove(&sender);
+            }
+        }
+    }
+
+    /// The swarm's aggregator and outer step on the round's set; the next round begins.
+    fn outer_step(&mut self, now: Millis) {
+        let Stage::Reconciling(rc) = std::mem::replace(&mut self.stage, Stage::Done) else {
+            return;
+        };
+        let r = self.state.round;
+        let set = rc.collecting.collected;
+        let Some((next, step)) = self.cfg.recipe.apply(&self.state, &set) else {
+            self.out.push(Output::Failed("nothing to average".into()));
+            return;
+        };
+        let own = rc.collecting.own;
+        let summary = RoundSummary {
+            round: r + 1,
+            contributors: set.len(),
+            planned: step.planned,
+            step_scale: step.scale,
+            noise: step.noise,
+            weights: set.values().map(|a| (a.sender, a.tokens)).collect(),
+            tokens: own.tokens,
+            inner_steps: own.steps,
+            train_loss: own.mean_loss,
+            train_secs: own.secs,
+            wire_delta_bytes: rc.collecting.wire_delta_bytes,
+            missed_deadline: rc.missed,
+        };
+        debug_assert_eq!(ids(&set), next.formed_by);
+        let hash = next.hash();
+        let base = std::mem::replace(&mut self.state, Arc::new(next));
+        self.prev = Some((base, self.hash));
+        self.hash = hash;
+        self.held.retain(|(round, _), _| *round >= r);
+        self.out.push(Output::ForgetBefore(r));
+        self.holding.clear();
+        self.out.push(Output::NewState(NewState {
+            state: self.state.clone(),
+            hash,
+            how: How::Stepped(summary),
+        }));
+        self.announce(Phase::Ready);
+        self.trained_any = true;
+        self.waited_for_round = false;
+        self.diverged_in_a_row = 0;
+        self.begin_round(now);
+    }
+}
