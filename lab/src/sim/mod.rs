@@ -82,6 +82,9 @@ pub struct SimArgs {
     /// ... and restarts from its checkpoint this much later.
     #[arg(long, default_value_t = 30.0)]
     pub down_secs: f64,
+    /// No crashes after this many virtual seconds (0: crashes all along).
+    #[arg(long, default_value_t = 0.0)]
+    pub crashes_until_secs: f64,
     /// A private swarm: every node on the allowlist, and the manifest's default quorum attests
     /// a state for a node too far behind to replay (an open swarm has no bootstrap here, so such
     /// a node cannot catch up).
@@ -120,8 +123,11 @@ pub struct RoundRow {
     /// Nodes that came to hold θ(r).
     pub nodes_completed: usize,
     /// Distinct hashes of θ(r) among them, each node counted by the state it ended with (1: the
-    /// swarm agrees).
+    /// swarm agrees); a node that later jumped past its θ(r) to an attested state is counted in
+    /// `nodes_skipped` instead.
     pub distinct_state_hashes: usize,
+    /// Nodes that left a fork of θ(r) behind by taking an attested later state.
+    pub nodes_skipped: usize,
     /// Distinct hashes each node first formed for θ(r) (more than `distinct_state_hashes` when
     /// forks were repaired).
     pub distinct_first_hashes: usize,
@@ -222,7 +228,11 @@ pub fn simulate(args: &SimArgs) -> SimResult {
     let mut prev_at = 0.0;
     for r in 1..=args.rounds {
         let held = world.held(r);
-        let last: std::collections::BTreeSet<_> = held.iter().filter_map(|h| h.last).collect();
+        let last: std::collections::BTreeSet<_> = held
+            .iter()
+            .filter(|h| !h.skipped)
+            .filter_map(|h| h.last)
+            .collect();
         let first: std::collections::BTreeSet<_> = held.iter().filter_map(|h| h.first).collect();
         let at = median(held.iter().map(|h| h.at).collect()) as f64 / 1000.0;
         let bytes = world.bytes(r - 1);
@@ -230,6 +240,7 @@ pub fn simulate(args: &SimArgs) -> SimResult {
             round: r,
             nodes_completed: held.len(),
             distinct_state_hashes: last.len(),
+            nodes_skipped: held.iter().filter(|h| h.skipped).count(),
             distinct_first_hashes: first.len(),
             bytes_up_max: bytes.iter().map(|b| b.0).max().unwrap_or(0),
             bytes_up_median: median(bytes.iter().map(|b| b.0).collect()),

@@ -31,6 +31,9 @@ pub struct Held {
     pub first: Option<Hash32>,
     pub last: Option<Hash32>,
     pub at: Millis,
+    /// It later took a state further on by attestation, leaving its θ(r) behind unrepaired
+    /// (the swarm's rules vouched for the state built on the swarm's θ(r) instead).
+    pub skipped: bool,
 }
 
 struct Node {
@@ -164,6 +167,7 @@ impl World {
                             first: Some(genesis_hash),
                             last: Some(genesis_hash),
                             at: 0,
+                            skipped: false,
                         },
                     )]),
                 }
@@ -211,7 +215,10 @@ impl World {
         for i in 0..n {
             w.boot(i);
         }
-        if args.crash_every_secs > 0.0 {
+        let last = (args.crashes_until_secs * 1000.0) as Millis;
+        if args.crash_every_secs > 0.0
+            && (last == 0 || (args.crash_every_secs * 1000.0) as Millis <= last)
+        {
             let at = (args.crash_every_secs * 1000.0) as Millis;
             let node = w.rng.random_range(0..n);
             w.schedule(at, Ev::Crash { node });
@@ -375,7 +382,10 @@ impl World {
     fn crash(&mut self, i: usize) {
         let every = (self.args.crash_every_secs * 1000.0) as Millis;
         let next = self.rng.random_range(0..self.nodes.len());
-        self.schedule(self.now + every, Ev::Crash { node: next });
+        let last = (self.args.crashes_until_secs * 1000.0) as Millis;
+        if last == 0 || self.now + every <= last {
+            self.schedule(self.now + every, Ev::Crash { node: next });
+        }
         if self.nodes[i].machine.is_none() || self.nodes[i].finished {
             return;
         }
@@ -603,6 +613,18 @@ impl World {
             } => self.train(i, &state, steps, budget_ms),
             Output::NewState(ns) => {
                 let n = &mut self.nodes[i];
+                if let How::Synced {
+                    verified: "attested",
+                    ..
+                } = ns.how
+                {
+                    let from = n.checkpoint.round.min(ns.state.round.saturating_sub(1));
+                    for r in from..ns.state.round {
+                        if let Some(h) = n.held.get_mut(&r) {
+                            h.skipped = true;
+                        }
+                    }
+                }
                 n.checkpoint = ns.state.clone();
                 n.checkpoint_hash = ns.hash;
                 let h = n.held.entry(ns.state.round).or_default();
@@ -669,10 +691,6 @@ impl World {
         self.deliver_at(at.max(self.now + 1), i, Input::Trained(trained));
     }
 
-    pub fn nodes(&self) -> usize {
-        self.nodes.len()
-    }
-
     /// Per node: what it held of θ(r).
     pub fn held(&self, r: u64) -> Vec<&Held> {
         self.nodes.iter().filter_map(|n| n.held.get(&r)).collect()
@@ -689,10 +707,6 @@ impl World {
                 )
             })
             .collect()
-    }
-
-    pub fn objective(&self) -> &Objective {
-        &self.objective
     }
 
     /// The validation loss of the state most nodes ended up holding for θ(r).

@@ -345,6 +345,24 @@ impl RoundMachine {
                 );
                 self.verify_step(now);
             }
+            Err(rules::ReplayError::OtherBase { .. }) if self.cfg.recipe.attested(&rp.claim) => {
+                // We are on a fork of the round before (its holders built on another state):
+                // a state the swarm's rules vouch for is downloaded instead.
+                let claim = rp.claim.clone();
+                let mut from = claim.holders.clone();
+                from.truncate(8);
+                self.out.push(Output::FetchState {
+                    from,
+                    round: claim.round,
+                    hash: claim.hash,
+                });
+                if let Stage::Verifying(v) = &mut self.stage {
+                    v.current = Some(Attempt::Download {
+                        claim,
+                        until: now + STATE_DOWNLOAD_MS,
+                    });
+                }
+            }
             Err(e) => {
                 let fault = e.is_fault();
                 self.attempt_failed(now, e.to_string(), fault);
