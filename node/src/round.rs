@@ -461,6 +461,7 @@ impl<B: AutodiffBackend> Driver<B> {
         // Wait for company once, before the first round; later a swarm goes on with whoever is left.
         let ready = self.done() || self.wait_for_peers().await;
         let mut trained = false;
+        let mut stalls = 0;
         let reason = loop {
             if self.shutting_down() || !ready {
                 break "shutdown";
@@ -485,6 +486,22 @@ impl<B: AutodiffBackend> Driver<B> {
             if self.done() {
                 break "finished";
             }
+            // A better state our peers hold did not verify yet (a lost fetch), and nobody is left
+            // on ours: a round trained alone counts for nobody, so try again first, a few times.
+            if stalls < crate::machine::MAX_STALLS && self.better_unverified() {
+                stalls += 1;
+                info!(
+                    round = self.state.round,
+                    times = stalls,
+                    "a better state did not verify yet; trying again before training alone"
+                );
+                let until = Instant::now() + Duration::from_secs(verify::RETRY_SECS);
+                while Instant::now() < until && !self.shutting_down() {
+                    self.next_event_within(Duration::from_millis(200)).await;
+                }
+                continue;
+            }
+            stalls = 0;
             if self.round_under_way() {
                 // The others are already training this round. With enough of its time left,
                 // train for what is left (a smaller contribution that arrives with theirs);

@@ -57,6 +57,34 @@ impl<B: AutodiffBackend> Driver<B> {
         )
     }
 
+    /// True when no live peer works on our state's round while some hold a state the rules
+    /// prefer (a fork of our round, or the next round) that did not verify through no fault of
+    /// its own (the machine's rule: `machine::align`).
+    pub(super) fn better_unverified(&self) -> bool {
+        let r = self.state.round;
+        let ours = self.trainer_peers().iter().any(|(_, s)| {
+            s.round == r
+                && s.state_hash == self.hash
+                && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting)
+        });
+        if ours {
+            return false;
+        }
+        let held = Held {
+            round: r,
+            hash: self.hash,
+            formed: self.state.formed_by.len(),
+        };
+        candidates(
+            &self.recipe,
+            held,
+            &self.claims(),
+            &verify::Rejections::default(),
+        )
+        .iter()
+        .any(|c| !matches!(c, verify::Candidate::Attested(_)) && !self.rejected.faulty(c.claim()))
+    }
+
     /// Tries the states the peers' claims offer, best first ([`verify::candidates`]), and adopts
     /// the first that verifies. Returns whether our state changed.
     pub(super) async fn improve_state(&mut self) -> bool {

@@ -76,6 +76,7 @@ impl<B: AutodiffBackend> Driver<B> {
             .iter()
             .filter(|(_, s)| {
                 s.round == r
+                    && s.state_hash == self.hash
                     && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting)
             })
             .count() as u32;
@@ -150,6 +151,7 @@ impl<B: AutodiffBackend> Driver<B> {
         let mut tick = tokio::time::interval(Duration::from_millis(COLLECT_TICK_MS));
         let mut shutdown = self.shutdown.clone();
         let mut confirmed = false;
+        let base_hash_now = self.hash;
         loop {
             let have: HashSet<PeerId> = collected.keys().filter_map(net::peer_id_of).collect();
             let trainers = self.trainer_peers();
@@ -165,8 +167,11 @@ impl<B: AutodiffBackend> Driver<B> {
             }
             let missing: Vec<PeerId> = trainers
                 .iter()
+                // A peer on another state of this round sends contributions we refuse: nobody
+                // waits for it.
                 .filter(|(p, s)| {
                     s.round == r
+                        && s.state_hash == base_hash_now
                         && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting)
                         && !have.contains(p)
                 })

@@ -210,6 +210,41 @@ pub async fn first_verified(
             })
             .map_err(|e| (e, false)),
         };
+        // A state that builds on a base we do not hold (we are on a fork of the round before)
+        // is not the claim's fault: when the swarm's rules vouch for it, download it instead.
+        let outcome = match outcome {
+            Err((e, false))
+                if recipe.attested(&claim)
+                    && e.downcast_ref::<ReplayError>()
+                        .is_some_and(|e| matches!(e, ReplayError::OtherBase { .. })) =>
+            {
+                super::sync::fetch_state(
+                    net,
+                    store,
+                    recipe.num_params,
+                    &claim
+                        .holders
+                        .iter()
+                        .filter_map(peer_id_of)
+                        .collect::<Vec<_>>(),
+                    claim.round,
+                    claim.hash,
+                    &claim.formed_by,
+                )
+                .await
+                .map(|(state, from, bytes)| Verified {
+                    state,
+                    from,
+                    verified: "attested",
+                    bytes,
+                    prev: None,
+                    envelopes: vec![],
+                    replay_ms: None,
+                })
+                .map_err(|e| (e, false))
+            }
+            other => other,
+        };
         match outcome {
             Ok(v) => return Some(v),
             Err((e, fault)) => {
