@@ -685,3 +685,99 @@ fn an_unverified_better_state_holds_training_back_a_few_times() {
     let at = trained_at.expect("trains in the end");
     assert!(at >= T0 + u64::from(MAX_STALLS) * rules::RETRY_SECS * 1000);
 }
+
+#[test]
+fn a_fork_formed_by_more_contributions_replaces_ours_by_replay_from_the_state_before() {
+    // Round 0 closes at the deadline with our contribution and peer 2's; peer 3's arrived
+    // elsewhere: the peers' θ(1) counts all three.
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    let outs = collecting(&mut m, &keys);
+    let own = outs
+        .iter()
+        .find_map(|o| match o {
+            Output::Hold(e) => Some(e.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let a = contribution(2, 0, g, 0.2, 3);
+    let b = contribution(3, 0, g, 0.3, 3);
+    m.handle(
+        T0 + 1_100,
+        Input::Contribution {
+            from: pk(2),
+            envelope: a.clone(),
+        },
+    );
+    let (at, ours, _) = run_until_new_state(&mut m, T0 + 1_100, T0 + 200_000, |_, now| {
+        Some(status(0, g, Phase::Training, now))
+    })
+    .expect("the deadline closed our round");
+    let How::Stepped(s) = &ours.how else { panic!() };
+    assert_eq!(s.contributors, 2);
+    let set: BTreeMap<Key, Accepted> = [&own, &a, &b]
+        .iter()
+        .map(|e| {
+            let x = accept::accept(&recipe().context(0, g), e).unwrap();
+            (x.sender, x)
+        })
+        .collect();
+    let (theirs, _) = recipe().apply(&genesis(), &set).unwrap();
+    let (their_hash, formed) = (theirs.hash(), theirs.formed_by.clone());
+    assert_ne!(their_hash, ours.hash);
+    // Both peers announce their θ(1): a fork of ours, preferred (three contributions to two).
+    let claim = |now: Millis| Status {
+        formed_by: formed.clone(),
+        ..status(1, their_hash, Phase::Ready, now)
+    };
+    let mut now = at;
+    let mut outs = vec![];
+    for k in &keys {
+        outs.extend(m.handle(
+            now,
+            Input::Status {
+                from: *k,
+                status: claim(now),
+            },
+        ));
+    }
+    let mut adopted = None;
+    for _ in 0..200 {
+        now += CONFIRM_MS;
+        let mut all = std::mem::take(&mut outs);
+        all.extend(m.handle(now, Input::Tick));
+        let answers = answer_asks(&mut m, now, &all, |_| Some(claim(now)));
+        all.extend(answers);
+        // Only peer 3's contribution is missing; whoever is asked serves it.
+        for o in all.clone() {
+            if let Output::Fetch { from, sender, .. } = o {
+                let env = if sender == pk(3) {
+                    b.clone()
+                } else {
+                    a.clone()
+                };
+                all.extend(m.handle(
+                    now,
+                    Input::Contribution {
+                        from,
+                        envelope: env,
+                    },
+                ));
+            }
+        }
+        if let Some(n) = all.iter().find_map(|o| match o {
+            Output::NewState(n) if n.hash == their_hash => Some(n.clone()),
+            _ => None,
+        }) {
+            adopted = Some(n);
+            break;
+        }
+        outs = vec![];
+    }
+    let n = adopted.expect("the preferred fork was replayed and adopted");
+    assert!(matches!(
+        n.how,
+        How::Synced { verified: "replay", reason: "diverged from the swarm", replaced: Some(h), .. } if h == ours.hash
+    ));
+    assert_eq!((m.round(), m.hash()), (1, their_hash));
+}
