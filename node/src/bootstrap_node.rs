@@ -14,7 +14,7 @@ use nightshift_protocol::{
 };
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -112,7 +112,7 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
     served.set_genesis(genesis.hash(), bytes);
     let hash = state.hash();
     served.set_state(hash, net::encode_state(&state));
-    let served = Arc::new(RwLock::new(served));
+    let served = net::ServedHandle::new(served);
     let max_frame = (4 * nightshift_protocol::delta::dense_bytes(n) + (1 << 20))
         .min(nightshift_protocol::MAX_MESSAGE_BYTES);
     let admitted = m.admitted();
@@ -233,9 +233,7 @@ impl Follower {
 
     fn serve_status(&self) {
         let env = self.signed_status();
-        if let Ok(mut s) = self.net.served.write() {
-            s.status = Some(env);
-        }
+        self.net.served.update(|s| s.status = Some(env));
     }
 
     fn announce(&self) {
@@ -308,12 +306,7 @@ impl Follower {
         if list.is_empty() {
             return false;
         }
-        let known = self
-            .net
-            .served
-            .read()
-            .map(|s| s.contributions.clone())
-            .unwrap_or_default();
+        let known = self.net.served.current().contributions.clone();
         let Some(v) = verify::first_verified(
             &self.net,
             &self.store,
@@ -342,13 +335,13 @@ impl Follower {
         let round = v.state.round;
         self.state =
             crate::round::checkpoint_and_serve(&self.store, &self.net, v.state, hash).await;
-        if let Ok(mut s) = self.net.served.write() {
+        self.net.served.update(|s| {
             for env in v.envelopes {
                 s.contributions
                     .insert((env.header.round, env.header.sender), env);
             }
             s.contributions.retain(|(r, _), _| *r + 2 >= round);
-        }
+        });
         self.announce();
         true
     }

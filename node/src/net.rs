@@ -14,8 +14,8 @@ mod served;
 
 pub use codec::{TrafficCounters, WireCodec};
 pub use event_loop::{
-    MAX_QUEUED_PUSHES_PER_PEER, NetConfig, NetEvent, NetHandle, Served, WINDOW_TTL_SECS,
-    encode_state, spawn_network,
+    MAX_QUEUED_PUSHES_PER_PEER, NetConfig, NetEvent, NetHandle, Served, ServedHandle,
+    WINDOW_TTL_SECS, encode_state, spawn_network,
 };
 
 use libp2p::{PeerId, identity};

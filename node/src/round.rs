@@ -354,7 +354,7 @@ impl<B: AutodiffBackend> Driver<B> {
         let genesis_bytes = net::encode_state(&genesis);
         served.set_genesis(genesis.hash(), genesis_bytes);
         served.set_state(hash, net::encode_state(&state));
-        let served = Arc::new(RwLock::new(served));
+        let served = net::ServedHandle::new(served);
         let max_frame = 2 * delta::dense_bytes(num_params) * 2 + (1 << 20);
         let admitted = m.admitted();
         let status_check = StatusCheck::new(swarm_id, admitted.clone());
@@ -572,9 +572,7 @@ impl<B: AutodiffBackend> Driver<B> {
     /// Re-signs the served status (the holding list changed).
     fn serve_status(&self) {
         let env = self.signed_status();
-        if let Ok(mut s) = self.net.served.write() {
-            s.status = Some(env);
-        }
+        self.net.served.update(|s| s.status = Some(env));
     }
 
     /// Publishes the status to the served table and to every connected peer.

@@ -20,7 +20,7 @@ pub struct Objective {
 impl Objective {
     /// θ* drawn uniformly from [−1, 1]^params by `seed`.
     pub fn new(params: usize, seed: u64) -> Self {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7A26_E7);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x007A_26E7);
         Objective {
             target: (0..params)
                 .map(|_| rng.random_range(-1.0f32..1.0))

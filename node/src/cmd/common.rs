@@ -128,7 +128,7 @@ pub(crate) async fn fetch_manifest(
     key: &SigningKey,
     psk: Option<[u8; 32]>,
 ) -> anyhow::Result<SignedManifest> {
-    let served = std::sync::Arc::new(std::sync::RwLock::new(crate::net::Served::new(None)));
+    let served = crate::net::ServedHandle::new(crate::net::Served::new(None));
     let (net, _events) = crate::net::spawn_network(
         crate::net::NetConfig {
             keypair: crate::net::libp2p_keypair(key),

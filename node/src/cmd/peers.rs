@@ -6,7 +6,6 @@ use libp2p::PeerId;
 use nightshift_protocol::message::open_window;
 use nightshift_protocol::{Hash32, NodeRole, Request, Response, Status, WindowRecord};
 use serde::Serialize;
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use clap::Args;
@@ -128,7 +127,7 @@ pub async fn run_peers(a: PeersArgs) -> anyhow::Result<()> {
     if !(0.0..=600.0).contains(&a.wait) {
         anyhow::bail!("--wait must be between 0 and 600 seconds");
     }
-    let served = Arc::new(RwLock::new(Served::new(None)));
+    let served = net::ServedHandle::new(Served::new(None));
     let (net, _events) = net::spawn_network(
         net::NetConfig {
             keypair: net::libp2p_keypair(&key),

@@ -17,7 +17,7 @@ use libp2p::{
 use nightshift_protocol::message::{open_window, window_key};
 use nightshift_protocol::{Hash32, Request, Response, SignedEnvelope, Status, wire};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
@@ -28,7 +28,7 @@ use super::limits::{PeerLimits, Verdict};
 
 mod inbound;
 
-pub use super::served::{Served, encode_state};
+pub use super::served::{Served, ServedHandle, encode_state};
 
 /// How long one request may take before it fails.
 pub const REQUEST_TIMEOUT_SECS: u64 = 120;
@@ -105,7 +105,7 @@ enum Command {
 pub struct NetHandle {
     tx: mpsc::Sender<Command>,
     pub local_peer: PeerId,
-    pub served: Arc<RwLock<Served>>,
+    pub served: ServedHandle,
     pub traffic: Arc<TrafficCounters>,
 }
 
@@ -167,9 +167,7 @@ impl NetHandle {
         peers: impl IntoIterator<Item = PeerId>,
         timeout: Duration,
     ) {
-        if let Ok(mut s) = self.served.write() {
-            s.status = Some(status.clone());
-        }
+        self.served.update(|s| s.status = Some(status.clone()));
         for peer in peers {
             let net = self.clone();
             let status = status.clone();
@@ -247,7 +245,7 @@ const MAX_STREAMS_PER_CONNECTION: usize = 16;
 /// When the transport cannot be built or the listen address is refused.
 pub fn spawn_network(
     cfg: NetConfig,
-    served: Arc<RwLock<Served>>,
+    served: ServedHandle,
 ) -> anyhow::Result<(NetHandle, mpsc::Receiver<NetEvent>)> {
     let NetConfig {
         keypair,
@@ -383,7 +381,7 @@ struct EventLoop {
     swarm: Swarm<Behaviour>,
     cmds: mpsc::Receiver<Command>,
     events: mpsc::Sender<NetEvent>,
-    served: Arc<RwLock<Served>>,
+    served: ServedHandle,
     pending: HashMap<OutboundRequestId, Reply<anyhow::Result<Response>>>,
     /// Window look-ups in flight: the sender asked for, the best record so far, the reply.
     window_queries: HashMap<kad::QueryId, WindowQuery>,

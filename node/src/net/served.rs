@@ -1,5 +1,7 @@
 //! What a node serves to peers without asking the round task: its signed status, the
-//! contributions it verified, the manifest, and encoded states in chunks.
+//! contributions it verified, the manifest, and encoded states in chunks — published as
+//! immutable snapshots ([`ServedHandle`]): the round task publishes a new one, the network loop
+//! answers from whichever is current and never waits for the round task.
 
 use nightshift_protocol::message::MAX_CHUNK_BYTES;
 use nightshift_protocol::{
@@ -7,9 +9,11 @@ use nightshift_protocol::{
 };
 use std::collections::HashMap;
 use std::sync::Arc;
+use tokio::sync::watch;
 
-/// What a node serves to peers without asking the round task.
-#[derive(Debug)]
+/// What a node serves to peers without asking the round task. Cheap to clone: every value is
+/// shared.
+#[derive(Clone, Debug)]
 pub struct Served {
     /// The node's signed status ([`nightshift_protocol::sign_status`]).
     pub status: Option<Arc<SignedEnvelope>>,
@@ -58,6 +62,35 @@ impl Served {
             offset: start as u64,
             bytes: bytes[start..end].to_vec(),
         })
+    }
+}
+
+/// Where the current [`Served`] snapshot is published. Clones share it.
+#[derive(Clone, Debug)]
+pub struct ServedHandle {
+    tx: Arc<watch::Sender<Arc<Served>>>,
+}
+
+impl ServedHandle {
+    pub fn new(served: Served) -> Self {
+        ServedHandle {
+            tx: Arc::new(watch::Sender::new(Arc::new(served))),
+        }
+    }
+
+    /// The snapshot served now; it never changes (a later [`ServedHandle::update`] publishes a
+    /// new one).
+    pub fn current(&self) -> Arc<Served> {
+        self.tx.borrow().clone()
+    }
+
+    /// Publishes a new snapshot: the current one changed by `f`.
+    pub fn update(&self, f: impl FnOnce(&mut Served)) {
+        self.tx.send_modify(|cur| {
+            let mut next = Served::clone(cur);
+            f(&mut next);
+            *cur = Arc::new(next);
+        });
     }
 }
 

@@ -132,11 +132,7 @@ impl<B: AutodiffBackend> Driver<B> {
 
     /// Verified contributions that we hold and serve, by round and sender.
     pub(super) fn held_contributions(&self) -> HashMap<(u64, [u8; 32]), Arc<SignedEnvelope>> {
-        self.net
-            .served
-            .read()
-            .map(|s| s.contributions.clone())
-            .unwrap_or_default()
+        self.net.served.current().contributions.clone()
     }
 
     pub(super) async fn adopt(&mut self, a: verify::Verified, reason: &str, secs: f64) {
@@ -153,12 +149,12 @@ impl<B: AutodiffBackend> Driver<B> {
         self.ef = ErrorFeedback::default();
         self.state = a.state;
         self.prev = a.prev;
-        if let Ok(mut s) = self.net.served.write() {
+        self.net.served.update(|s| {
             for env in a.envelopes {
                 s.contributions
                     .insert((env.header.round, env.header.sender), env);
             }
-        }
+        });
         self.just_synced = true;
         self.checkpoint().await;
         self.sink.emit(&NodeEvent::Synced {

@@ -49,11 +49,13 @@ impl<B: AutodiffBackend> Driver<B> {
         }
         let duplicate = env.header.round == round && collected.contains_key(&env.header.sender);
         if duplicate {
-            let same = self.net.served.read().ok().and_then(|s| {
-                s.contributions
-                    .get(&(round, env.header.sender))
-                    .map(|held| held.signature == env.signature)
-            });
+            let same = self
+                .net
+                .served
+                .current()
+                .contributions
+                .get(&(round, env.header.sender))
+                .map(|held| held.signature == env.signature);
             if same == Some(true) {
                 return; // the same contribution again (pushed and fetched)
             }
@@ -75,9 +77,9 @@ impl<B: AutodiffBackend> Driver<B> {
             }
             Ok(a) => {
                 debug!(sender = %short(&a.sender), tokens = a.tokens, "contribution accepted");
-                if let Ok(mut s) = self.net.served.write() {
-                    s.contributions.insert((round, a.sender), Arc::new(env));
-                }
+                self.net
+                    .served
+                    .update(|s| _ = s.contributions.insert((round, a.sender), Arc::new(env)));
                 collected.insert(a.sender, a);
                 self.holding = collected.keys().copied().collect();
                 self.serve_status();

@@ -110,9 +110,9 @@ impl<B: AutodiffBackend> Driver<B> {
                 expected,
             },
         );
-        if let Ok(mut s) = self.net.served.write() {
-            s.contributions.insert((r, self.me), Arc::new(env.clone()));
-        }
+        self.net
+            .served
+            .update(|s| _ = s.contributions.insert((r, self.me), Arc::new(env.clone())));
         self.holding = vec![self.me];
         self.announce(Phase::Collecting).await;
 
@@ -331,9 +331,9 @@ impl<B: AutodiffBackend> Driver<B> {
         self.compute = Some(compute);
         self.hash = hash;
         self.checkpoint().await;
-        if let Ok(mut s) = self.net.served.write() {
-            s.contributions.retain(|(round, _), _| *round >= r);
-        }
+        self.net
+            .served
+            .update(|s| s.contributions.retain(|(round, _), _| *round >= r));
         self.holding.clear();
         self.announce(Phase::Ready).await;
 

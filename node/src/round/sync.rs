@@ -36,9 +36,8 @@ pub async fn checkpoint_and_serve(
     if let Err(e) = store.save_encoded_checkpoint(round, &bytes) {
         warn!(error = %e, "cannot write checkpoint");
     }
-    if let Ok(mut s) = net.served.write() {
-        s.set_state(hash, std::sync::Arc::new(bytes));
-    }
+    net.served
+        .update(|s| s.set_state(hash, std::sync::Arc::new(bytes)));
     state
 }
 

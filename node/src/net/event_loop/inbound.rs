@@ -157,9 +157,7 @@ impl EventLoop {
     }
 
     fn answer(&self, request: Request) -> Response {
-        let Ok(served) = self.served.read() else {
-            return Response::Refused("node is shutting down".into());
-        };
+        let served = self.served.current();
         match request {
             Request::GetStatus => match &served.status {
                 Some(s) => Response::Status((**s).clone()),
