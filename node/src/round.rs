@@ -327,6 +327,19 @@ impl<B: AutodiffBackend> Driver<B> {
             None => (genesis.clone(), false),
         };
         let hash = state.hash();
+        // The state before ours, when still on disk: the base from which a preferred fork of our
+        // round is replayed (a wrong one only costs a replay that fails).
+        let prev = if resumed && state.round > 0 {
+            store
+                .checkpoint_at(state.round - 1)?
+                .filter(|p| p.params.len() == state.params.len())
+                .map(|p| {
+                    let h = p.hash();
+                    (Arc::new(p), h)
+                })
+        } else {
+            None
+        };
         let num_params = state.params.len();
         let inner = InnerConfig {
             lr: m.training.inner_lr as f64,
@@ -421,7 +434,7 @@ impl<B: AutodiffBackend> Driver<B> {
             statuses: HashMap::new(),
             status_check,
             recipe,
-            prev: None,
+            prev,
             rejected: verify::Rejections::default(),
             connected: HashSet::new(),
             stash: vec![],

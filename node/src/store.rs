@@ -160,6 +160,17 @@ impl Store {
         self.get(KEY_STATE, "checkpoint")
     }
 
+    /// The checkpoint of `round`, when it is still on disk and decodes.
+    ///
+    /// # Errors
+    /// On storage failure.
+    pub fn checkpoint_at(&self, round: u64) -> Result<Option<StateSnapshot>, StoreError> {
+        let tree = self.db.open_tree(TREE_CHECKPOINTS)?;
+        Ok(tree
+            .get(round.to_be_bytes())?
+            .and_then(|v| wire::decode::<StateSnapshot>(&v, usize::MAX).ok()))
+    }
+
     /// Rounds of the checkpoints on disk, oldest first.
     ///
     /// # Errors

@@ -52,6 +52,8 @@ struct Node {
     /// The last checkpoint (what a restart resumes from) and its hash.
     checkpoint: Arc<StateSnapshot>,
     checkpoint_hash: Hash32,
+    /// The checkpoint before it (kept on disk, as sled keeps the last few).
+    previous: Option<Arc<StateSnapshot>>,
     rng: ChaCha8Rng,
     finished: bool,
     /// Bytes sent and received while holding θ(r), by r.
@@ -156,6 +158,7 @@ impl World {
                     served_status: None,
                     served: BTreeMap::new(),
                     checkpoint: genesis.clone(),
+                    previous: None,
                     checkpoint_hash: genesis_hash,
                     rng: ChaCha8Rng::seed_from_u64(splitmix(seed ^ (i as u64 + 1))),
                     finished: false,
@@ -307,6 +310,18 @@ impl World {
         }
     }
 
+    /// `b`'s answer to `a`'s request; a lost answer fails the request after the time-out, as
+    /// libp2p's request-response does.
+    fn respond(&mut self, b: usize, a: usize, bytes: u64, input: Input, req: &Req) {
+        match self.transfer(b, a, bytes) {
+            Some(at) => self.deliver_at(at, a, input),
+            None => {
+                let failed = self.failed_answer(b, req);
+                self.deliver_at(self.now + REQUEST_TIMEOUT_MS, a, failed);
+            }
+        }
+    }
+
     /// A request from `a` to `b`; a lost one fails after the time-out.
     fn request(&mut self, a: usize, b: usize, req: Req) {
         let epoch = self.nodes[a].epoch;
@@ -411,7 +426,11 @@ impl World {
             ..self.template.clone()
         };
         let state = (*n.checkpoint).clone();
-        self.nodes[i].machine = Some(RoundMachine::new(cfg, state));
+        let mut m = RoundMachine::new(cfg, state);
+        if let Some(p) = &n.previous {
+            m = m.with_prev((**p).clone());
+        }
+        self.nodes[i].machine = Some(m);
         self.nodes[i].up_free = self.now as f64;
         self.nodes[i].down_free = self.now as f64;
         self.boot(i);
@@ -429,43 +448,42 @@ impl World {
             self.deliver_at(self.now + lat, a, failed);
             return;
         }
-        match req {
+        let (bytes, input) = match &req {
             Req::Status => {
                 let status = self.nodes[b].served_status.clone();
                 let bytes = status
                     .as_ref()
                     .map_or(16, |s| wire::encode(s).len() as u64 + ENVELOPE_BYTES);
-                self.send(b, a, bytes, Input::StatusAnswer { from, status });
+                (bytes, Input::StatusAnswer { from, status })
             }
             Req::Contribution { round, sender } => {
-                match self.nodes[b].served.get(&(round, sender)).cloned() {
-                    Some(envelope) => {
-                        let bytes = envelope.payload.len() as u64 + ENVELOPE_BYTES;
-                        self.send(b, a, bytes, Input::Contribution { from, envelope });
-                    }
-                    None => self.send(
-                        b,
-                        a,
+                match self.nodes[b].served.get(&(*round, *sender)).cloned() {
+                    Some(envelope) => (
+                        envelope.payload.len() as u64 + ENVELOPE_BYTES,
+                        Input::Contribution { from, envelope },
+                    ),
+                    None => (
                         16,
                         Input::NotFound {
                             from,
-                            round,
-                            sender,
+                            round: *round,
+                            sender: *sender,
                         },
                     ),
                 }
             }
             Req::State { round, hash } => {
                 let n = &self.nodes[b];
-                if n.checkpoint_hash == hash && n.checkpoint.round == round {
+                if n.checkpoint_hash == *hash && n.checkpoint.round == *round {
                     let state = n.checkpoint.clone();
                     let bytes = (state.params.len() * 8) as u64 + 64;
-                    self.send(b, a, bytes, Input::State { from, state, bytes });
+                    (bytes, Input::State { from, state, bytes })
                 } else {
-                    self.send(b, a, 16, Input::StateFailed { hash });
+                    (16, Input::StateFailed { hash: *hash })
                 }
             }
-        }
+        };
+        self.respond(b, a, bytes, input, &req);
     }
 
     fn handle(&mut self, i: usize, input: Input) {
@@ -495,6 +513,17 @@ impl World {
             eprintln!("{:>8} node {i} stage {} <- {short}", now, m.stage());
         }
         let outputs = m.handle(now, input);
+        if self.trace
+            && std::env::var("NIGHTSHIFT_SIM_NODE")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                == Some(i)
+        {
+            for o in &outputs {
+                let t = format!("{o:?}");
+                eprintln!("{:>8} node {i} out {}", now, &t[..t.len().min(100)]);
+            }
+        }
         if self.trace {
             for o in &outputs {
                 if let Output::Fetch {
@@ -624,6 +653,9 @@ impl World {
                             h.skipped = true;
                         }
                     }
+                }
+                if n.checkpoint.round + 1 == ns.state.round {
+                    n.previous = Some(n.checkpoint.clone());
                 }
                 n.checkpoint = ns.state.clone();
                 n.checkpoint_hash = ns.hash;

@@ -417,6 +417,16 @@ impl RoundMachine {
         }
     }
 
+    /// The machine of a node that resumes from a checkpoint and still has the state before it:
+    /// the base from which a preferred fork of its round is replayed.
+    pub fn with_prev(mut self, prev: StateSnapshot) -> Self {
+        if prev.round + 1 == self.state.round {
+            let h = prev.hash();
+            self.prev = Some((Arc::new(prev), h));
+        }
+        self
+    }
+
     /// The round this node holds θ of.
     pub fn round(&self) -> u64 {
         self.state.round
