@@ -85,6 +85,11 @@ pub struct SimArgs {
     /// No crashes after this many virtual seconds (0: crashes all along).
     #[arg(long, default_value_t = 0.0)]
     pub crashes_until_secs: f64,
+    /// Bootstrap nodes besides `--nodes`: every trainer dials them; they follow the swarm by
+    /// replay and attest its state (the manifest names their keys), so a node left behind can
+    /// catch up in an open swarm too.
+    #[arg(long, default_value_t = 0)]
+    pub bootstraps: usize,
     /// A private swarm: every node on the allowlist, and the manifest's default quorum attests
     /// a state for a node too far behind to replay (an open swarm has no bootstrap here, so such
     /// a node cannot catch up).
@@ -173,12 +178,13 @@ fn secrets(n: usize, seed: u64) -> Vec<[u8; 32]> {
 
 /// The machines' settings, as a manifest with `args`' settings would give them.
 fn template(args: &SimArgs, keys: &[[u8; 32]]) -> Config {
-    let allowlist = args.private.then(|| keys.to_vec());
+    let (trainers, bootstraps) = keys.split_at(args.nodes);
+    let allowlist = args.private.then(|| trainers.to_vec());
     let members = allowlist.as_ref().map_or(0, Vec::len);
     let recipe = Recipe {
         swarm_id: Hash32::of(&[b"nightshift-sim", &args.seed.to_le_bytes()]),
         allowlist,
-        bootstraps: vec![],
+        bootstraps: bootstraps.to_vec(),
         attest_quorum: if members > 0 {
             Manifest::default_attest_quorum(members)
         } else {
@@ -201,6 +207,7 @@ fn template(args: &SimArgs, keys: &[[u8; 32]]) -> Config {
         // As `nightshift run` does: wait for one peer (a restarted node learns where the swarm is).
         min_peers: usize::from(args.nodes > 1),
         rounds: Some(args.rounds),
+        role: nightshift_protocol::NodeRole::Trainer,
     }
 }
 
@@ -214,7 +221,7 @@ fn median(mut v: Vec<u64>) -> u64 {
 
 /// Runs one simulation.
 pub fn simulate(args: &SimArgs) -> SimResult {
-    let secrets = secrets(args.nodes, args.seed);
+    let secrets = secrets(args.nodes + args.bootstraps, args.seed);
     let keys: Vec<[u8; 32]> = secrets
         .iter()
         .map(|s| SigningKey::from_bytes(s).verifying_key().to_bytes())

@@ -38,6 +38,8 @@ pub struct Held {
 
 struct Node {
     key: Key,
+    /// A bootstrap: follows and attests, never trains (not counted in the round tallies).
+    bootstrap: bool,
     secret: [u8; 32],
     machine: Option<RoundMachine>,
     /// Bumped on every crash: events for an earlier life are dropped.
@@ -162,6 +164,7 @@ impl World {
                     checkpoint_hash: genesis_hash,
                     rng: ChaCha8Rng::seed_from_u64(splitmix(seed ^ (i as u64 + 1))),
                     finished: false,
+                    bootstrap: false,
                     up: BTreeMap::new(),
                     down: BTreeMap::new(),
                     held: BTreeMap::from([(
@@ -176,6 +179,39 @@ impl World {
                 }
             })
             .collect();
+        // Bootstraps, after the trainers: every trainer dials them.
+        for (b, secret) in secrets.iter().enumerate().skip(n) {
+            let key = SigningKey::from_bytes(secret);
+            let cfg = Config {
+                key: key.clone(),
+                rounds: None,
+                min_peers: 0,
+                role: nightshift_protocol::NodeRole::Bootstrap,
+                ..template.clone()
+            };
+            let _ = b;
+            nodes.push(Node {
+                key: key.verifying_key().to_bytes(),
+                bootstrap: true,
+                secret: *secret,
+                machine: Some(RoundMachine::new(cfg, (*genesis).clone())),
+                epoch: 0,
+                neighbours: (0..n).collect(),
+                up_free: 0.0,
+                down_free: 0.0,
+                step_ms: args.step_ms,
+                served_status: None,
+                served: BTreeMap::new(),
+                checkpoint: genesis.clone(),
+                checkpoint_hash: genesis_hash,
+                previous: None,
+                rng: ChaCha8Rng::seed_from_u64(0),
+                finished: true,
+                up: BTreeMap::new(),
+                down: BTreeMap::new(),
+                held: BTreeMap::new(),
+            });
+        }
         // Links: each node dials `degree` others at random (all of them in a small swarm).
         let mut links = vec![std::collections::BTreeSet::new(); n];
         for i in 0..n {
@@ -191,8 +227,9 @@ impl World {
                 }
             }
         }
+        let bootstraps: Vec<usize> = (n..nodes.len()).collect();
         for (node, l) in nodes.iter_mut().zip(links) {
-            node.neighbours = l.into_iter().collect();
+            node.neighbours = l.into_iter().chain(bootstraps.iter().copied()).collect();
         }
         let index = nodes.iter().enumerate().map(|(i, n)| (n.key, i)).collect();
         let mut w = World {
@@ -215,7 +252,7 @@ impl World {
             failures: vec![],
             trace: std::env::var_os("NIGHTSHIFT_SIM_DUMP").is_some(),
         };
-        for i in 0..n {
+        for i in 0..w.nodes.len() {
             w.boot(i);
         }
         let last = (args.crashes_until_secs * 1000.0) as Millis;
@@ -380,7 +417,9 @@ impl World {
                 Ev::Tick { node, epoch } => {
                     if self.nodes[node].epoch == epoch && self.nodes[node].machine.is_some() {
                         self.handle(node, Input::Tick);
-                        if self.nodes[node].machine.is_some() && !self.nodes[node].finished {
+                        if self.nodes[node].machine.is_some()
+                            && (!self.nodes[node].finished || self.nodes[node].bootstrap)
+                        {
                             self.schedule(self.now + TICK_MS, Ev::Tick { node, epoch });
                         }
                     }
@@ -396,7 +435,7 @@ impl World {
 
     fn crash(&mut self, i: usize) {
         let every = (self.args.crash_every_secs * 1000.0) as Millis;
-        let next = self.rng.random_range(0..self.nodes.len());
+        let next = self.rng.random_range(0..self.args.nodes);
         let last = (self.args.crashes_until_secs * 1000.0) as Millis;
         if last == 0 || self.now + every <= last {
             self.schedule(self.now + every, Ev::Crash { node: next });
@@ -725,13 +764,18 @@ impl World {
 
     /// Per node: what it held of θ(r).
     pub fn held(&self, r: u64) -> Vec<&Held> {
-        self.nodes.iter().filter_map(|n| n.held.get(&r)).collect()
+        self.nodes
+            .iter()
+            .filter(|n| !n.bootstrap)
+            .filter_map(|n| n.held.get(&r))
+            .collect()
     }
 
     /// Per node: bytes sent and received while holding θ(r).
     pub fn bytes(&self, r: u64) -> Vec<(u64, u64)> {
         self.nodes
             .iter()
+            .filter(|n| !n.bootstrap)
             .map(|n| {
                 (
                     n.up.get(&r).copied().unwrap_or(0),
@@ -778,6 +822,9 @@ impl World {
     }
 
     pub fn finished(&self) -> usize {
-        self.nodes.iter().filter(|n| n.finished).count()
+        self.nodes
+            .iter()
+            .filter(|n| n.finished && !n.bootstrap)
+            .count()
     }
 }

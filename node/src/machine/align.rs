@@ -473,6 +473,12 @@ impl RoundMachine {
         {
             *replaced = Some(self.hash);
         }
+        if self.cfg.role == NodeRole::Bootstrap {
+            // A follower keeps what it needs to serve a replay of the last two rounds.
+            let keep = state.round.saturating_sub(2);
+            self.held.retain(|(r, _), _| *r >= keep);
+            self.out.push(Output::ForgetBefore(keep));
+        }
         self.state = Arc::new(state);
         self.hash = hash;
         self.prev = prev;
@@ -492,6 +498,12 @@ impl RoundMachine {
     /// state its peers hold yet, with no peer left on its own, tries again first (a few times):
     /// a round trained alone counts for nobody.
     fn after_align(&mut self, now: Millis) {
+        if self.cfg.role == NodeRole::Bootstrap {
+            self.stage = Stage::Following {
+                at: now + FOLLOW_MS,
+            };
+            return;
+        }
         if !self.available {
             return self.begin_round(now);
         }

@@ -77,6 +77,8 @@ pub const STASH_PER_SENDER: usize = 4;
 pub const MAX_DIVERGED_IN_A_ROW: u32 = 3;
 /// A round's time budget: this many times the median live peer's expected training time.
 pub const BUDGET_FACTOR: f64 = 1.5;
+/// How often a bootstrap looks for a newer state to verify.
+pub const FOLLOW_MS: Millis = 500;
 /// Verified improvements (a replay or an attested download each) per alignment.
 pub const MAX_IMPROVEMENTS: u8 = 8;
 /// Times in a row a node waits (each [`rules::RETRY_SECS`]) for a better state it could not
@@ -99,6 +101,9 @@ pub struct Config {
     pub min_peers: usize,
     /// Stop once the node holds θ(rounds).
     pub rounds: Option<u64>,
+    /// A trainer, or a bootstrap: a follower that never trains, moves to every state it can
+    /// verify, and attests it by its signed status (the manifest names its key).
+    pub role: NodeRole,
 }
 
 /// What happens to a node.
@@ -346,6 +351,10 @@ enum Stage {
     Collecting(collect::Collecting),
     Reconciling(step::Reconciling),
     Paused,
+    /// A bootstrap between two looks for a newer state.
+    Following {
+        at: Millis,
+    },
     Done,
 }
 
@@ -456,6 +465,7 @@ impl RoundMachine {
             Stage::Collecting(_) => "collecting",
             Stage::Reconciling(_) => "reconciling",
             Stage::Paused => "paused",
+            Stage::Following { .. } => "following",
             Stage::Done => "done",
         }
     }
@@ -467,7 +477,7 @@ impl RoundMachine {
     /// The status this node would announce now (`unix_ms` left for the signer to set).
     pub fn status(&self) -> Status {
         Status {
-            role: NodeRole::Trainer,
+            role: self.cfg.role,
             phase: self.phase,
             round: self.state.round,
             state_hash: self.hash,
@@ -575,6 +585,11 @@ impl RoundMachine {
                         self.begin_round(now);
                     }
                 }
+                Stage::Following { at } => {
+                    if now >= *at {
+                        self.start_verifying(now, false);
+                    }
+                }
             }
             if self.stage() == before {
                 break;
@@ -670,8 +685,11 @@ impl RoundMachine {
         })
     }
 
-    /// Starts the next round: finish, pause, or align.
+    /// Starts the next round: finish, pause, or align (a bootstrap: look for a newer state).
     fn begin_round(&mut self, now: Millis) {
+        if self.cfg.role == NodeRole::Bootstrap {
+            return self.start_verifying(now, false);
+        }
         if self.done() {
             if self.trained_any {
                 // No next round's align will repair a fork of the last round: look once more.

@@ -53,6 +53,7 @@ fn config(min_peers: usize) -> Config {
         round_tokens: 1000.0,
         min_peers,
         rounds: None,
+        role: NodeRole::Trainer,
     }
 }
 
