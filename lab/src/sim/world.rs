@@ -60,6 +60,8 @@ struct Node {
     finished: bool,
     /// Bytes sent and received while holding θ(r), by r.
     up: BTreeMap<u64, u64>,
+    /// The part of `up` that was statuses (announcements, look-ups and their answers).
+    up_status: BTreeMap<u64, u64>,
     down: BTreeMap<u64, u64>,
     /// Per round r: the hashes it held for θ(r).
     held: BTreeMap<u64, Held>,
@@ -166,6 +168,7 @@ impl World {
                     finished: false,
                     bootstrap: false,
                     up: BTreeMap::new(),
+                    up_status: BTreeMap::new(),
                     down: BTreeMap::new(),
                     held: BTreeMap::from([(
                         0,
@@ -208,6 +211,7 @@ impl World {
                 rng: ChaCha8Rng::seed_from_u64(0),
                 finished: true,
                 up: BTreeMap::new(),
+                up_status: BTreeMap::new(),
                 down: BTreeMap::new(),
                 held: BTreeMap::new(),
             });
@@ -323,9 +327,12 @@ impl World {
 
     /// When `bytes` sent now from `a` reach `b`: after `a`'s uplink, the link's latency and
     /// `b`'s downlink, each a FIFO at its bandwidth. `None` when the message is lost.
-    fn transfer(&mut self, a: usize, b: usize, bytes: u64) -> Option<Millis> {
+    fn transfer(&mut self, a: usize, b: usize, bytes: u64, status: bool) -> Option<Millis> {
         let (ra, rb) = (self.round_of(a), self.round_of(b));
         *self.nodes[a].up.entry(ra).or_default() += bytes;
+        if status {
+            *self.nodes[a].up_status.entry(ra).or_default() += bytes;
+        }
         let up_ms = bytes as f64 * 8.0 / (self.args.up_mbps * 1e3);
         let down_ms = bytes as f64 * 8.0 / (self.args.down_mbps * 1e3);
         let depart = self.nodes[a].up_free.max(self.now as f64) + up_ms;
@@ -342,7 +349,8 @@ impl World {
 
     /// Sends `input` from `a` to `b` as a message of `bytes`.
     fn send(&mut self, a: usize, b: usize, bytes: u64, input: Input) {
-        if let Some(at) = self.transfer(a, b, bytes) {
+        let status = matches!(input, Input::Status { .. } | Input::StatusAnswer { .. });
+        if let Some(at) = self.transfer(a, b, bytes, status) {
             self.deliver_at(at, b, input);
         }
     }
@@ -350,7 +358,8 @@ impl World {
     /// `b`'s answer to `a`'s request; a lost answer fails the request after the time-out, as
     /// libp2p's request-response does.
     fn respond(&mut self, b: usize, a: usize, bytes: u64, input: Input, req: &Req) {
-        match self.transfer(b, a, bytes) {
+        let status = matches!(input, Input::StatusAnswer { .. });
+        match self.transfer(b, a, bytes, status) {
             Some(at) => self.deliver_at(at, a, input),
             None => {
                 let failed = self.failed_answer(b, req);
@@ -362,7 +371,8 @@ impl World {
     /// A request from `a` to `b`; a lost one fails after the time-out.
     fn request(&mut self, a: usize, b: usize, req: Req) {
         let epoch = self.nodes[a].epoch;
-        match self.transfer(a, b, REQUEST_BYTES) {
+        let status = matches!(req, Req::Status);
+        match self.transfer(a, b, REQUEST_BYTES, status) {
             Some(at) => self.schedule(
                 at,
                 Ev::Request {
@@ -768,6 +778,15 @@ impl World {
             .iter()
             .filter(|n| !n.bootstrap)
             .filter_map(|n| n.held.get(&r))
+            .collect()
+    }
+
+    /// Per node: bytes sent while holding θ(r) that were statuses.
+    pub fn status_bytes(&self, r: u64) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .filter(|n| !n.bootstrap)
+            .map(|n| n.up_status.get(&r).copied().unwrap_or(0))
             .collect()
     }
 
