@@ -147,19 +147,7 @@ impl RoundMachine {
                     let (b, h) = (self.state.clone(), self.hash);
                     self.start_replay(now, claim, false, b, h)
                 }
-                Candidate::Attested(claim) => {
-                    let mut from = claim.holders.clone();
-                    from.truncate(8);
-                    self.out.push(Output::FetchState {
-                        from,
-                        round: claim.round,
-                        hash: claim.hash,
-                    });
-                    Attempt::Download {
-                        claim,
-                        until: now + STATE_DOWNLOAD_MS,
-                    }
-                }
+                Candidate::Attested(claim) => self.start_download(now, claim),
             };
             if self.phase != Phase::Syncing {
                 self.announce(Phase::Syncing);
@@ -220,6 +208,21 @@ impl RoundMachine {
             bytes: 0,
             until: now + REPLAY_TIMEOUT_MS,
         })
+    }
+
+    /// Asks a few of `claim`'s holders for its attested state.
+    fn start_download(&mut self, now: Millis, claim: Claim) -> Attempt {
+        let mut from = claim.holders.clone();
+        from.truncate(8);
+        self.out.push(Output::FetchState {
+            from,
+            round: claim.round,
+            hash: claim.hash,
+        });
+        Attempt::Download {
+            claim,
+            until: now + STATE_DOWNLOAD_MS,
+        }
     }
 
     /// A contribution arriving while verifying: kept when it is one the replay waits for (the
@@ -349,18 +352,9 @@ impl RoundMachine {
                 // We are on a fork of the round before (its holders built on another state):
                 // a state the swarm's rules vouch for is downloaded instead.
                 let claim = rp.claim.clone();
-                let mut from = claim.holders.clone();
-                from.truncate(8);
-                self.out.push(Output::FetchState {
-                    from,
-                    round: claim.round,
-                    hash: claim.hash,
-                });
+                let attempt = self.start_download(now, claim);
                 if let Stage::Verifying(v) = &mut self.stage {
-                    v.current = Some(Attempt::Download {
-                        claim,
-                        until: now + STATE_DOWNLOAD_MS,
-                    });
+                    v.current = Some(attempt);
                 }
             }
             Err(e) => {

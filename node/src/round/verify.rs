@@ -134,6 +134,37 @@ pub struct Verified {
     pub replay_ms: Option<f64>,
 }
 
+/// Downloads the attested state `claim` names from its holders (checked against its hash and
+/// contribution list).
+async fn download(
+    net: &NetHandle,
+    store: &crate::store::Store,
+    recipe: &Recipe,
+    claim: &Claim,
+) -> Result<Verified, (anyhow::Error, bool)> {
+    let holders: Vec<PeerId> = claim.holders.iter().filter_map(peer_id_of).collect();
+    super::sync::fetch_state(
+        net,
+        store,
+        recipe.num_params,
+        &holders,
+        claim.round,
+        claim.hash,
+        &claim.formed_by,
+    )
+    .await
+    .map(|(state, from, bytes)| Verified {
+        state,
+        from,
+        verified: "attested",
+        bytes,
+        prev: None,
+        envelopes: vec![],
+        replay_ms: None,
+    })
+    .map_err(|e| (e, false))
+}
+
 /// Tries `list` in order and returns the first state that verifies: a fork replayed from
 /// `prev`, a state one round ahead replayed from `current`, an attested state downloaded (into
 /// `store`) and checked against its hash. `known` holds contributions we already have, by round
@@ -185,30 +216,7 @@ pub async fn first_verified(
                         (anyhow::Error::from(e), fault)
                     })
             }
-            None => super::sync::fetch_state(
-                net,
-                store,
-                recipe.num_params,
-                &claim
-                    .holders
-                    .iter()
-                    .filter_map(peer_id_of)
-                    .collect::<Vec<_>>(),
-                claim.round,
-                claim.hash,
-                &claim.formed_by,
-            )
-            .await
-            .map(|(state, from, bytes)| Verified {
-                state,
-                from,
-                verified: "attested",
-                bytes,
-                prev: None,
-                envelopes: vec![],
-                replay_ms: None,
-            })
-            .map_err(|e| (e, false)),
+            None => download(net, store, recipe, &claim).await,
         };
         // A state that builds on a base we do not hold (we are on a fork of the round before)
         // is not the claim's fault: when the swarm's rules vouch for it, download it instead.
@@ -218,30 +226,7 @@ pub async fn first_verified(
                     && e.downcast_ref::<ReplayError>()
                         .is_some_and(|e| matches!(e, ReplayError::OtherBase { .. })) =>
             {
-                super::sync::fetch_state(
-                    net,
-                    store,
-                    recipe.num_params,
-                    &claim
-                        .holders
-                        .iter()
-                        .filter_map(peer_id_of)
-                        .collect::<Vec<_>>(),
-                    claim.round,
-                    claim.hash,
-                    &claim.formed_by,
-                )
-                .await
-                .map(|(state, from, bytes)| Verified {
-                    state,
-                    from,
-                    verified: "attested",
-                    bytes,
-                    prev: None,
-                    envelopes: vec![],
-                    replay_ms: None,
-                })
-                .map_err(|e| (e, false))
+                download(net, store, recipe, &claim).await
             }
             other => other,
         };
