@@ -187,6 +187,36 @@ fn collecting(m: &mut RoundMachine, keys: &[Key]) -> Vec<Output> {
     m.handle(T0 + 1_000, Input::Trained(trained(0.1)))
 }
 
+/// Our contribution (held once trained), and peers 2's and 3's for round 0; peer 2's is
+/// delivered now.
+fn own_and_two_more(
+    m: &mut RoundMachine,
+    outs: &[Output],
+    g: Hash32,
+) -> (
+    Arc<SignedEnvelope>,
+    Arc<SignedEnvelope>,
+    Arc<SignedEnvelope>,
+) {
+    let own = outs
+        .iter()
+        .find_map(|o| match o {
+            Output::Hold(e) => Some(e.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let a = contribution(2, 0, g, 0.2, 3);
+    let b = contribution(3, 0, g, 0.3, 3);
+    m.handle(
+        T0 + 1_100,
+        Input::Contribution {
+            from: pk(2),
+            envelope: a.clone(),
+        },
+    );
+    (own, a, b)
+}
+
 #[test]
 fn a_node_waits_for_its_peers_then_trains() {
     let mut m = RoundMachine::new(config(2), genesis());
@@ -228,22 +258,7 @@ fn a_round_closes_when_every_live_peer_is_in_and_steps_like_a_replay() {
         })
         .unwrap();
     assert_eq!(pushed, keys, "the contribution goes to every live peer");
-    let own = outs
-        .iter()
-        .find_map(|o| match o {
-            Output::Hold(e) => Some(e.clone()),
-            _ => None,
-        })
-        .unwrap();
-    let a = contribution(2, 0, g, 0.2, 3);
-    let b = contribution(3, 0, g, 0.3, 3);
-    m.handle(
-        T0 + 1_100,
-        Input::Contribution {
-            from: pk(2),
-            envelope: a.clone(),
-        },
-    );
+    let (own, a, b) = own_and_two_more(&mut m, &outs, g);
     let outs = m.handle(
         T0 + 1_200,
         Input::Contribution {
@@ -694,22 +709,7 @@ fn a_fork_formed_by_more_contributions_replaces_ours_by_replay_from_the_state_be
     let (mut m, keys) = node(2);
     let g = m.hash();
     let outs = collecting(&mut m, &keys);
-    let own = outs
-        .iter()
-        .find_map(|o| match o {
-            Output::Hold(e) => Some(e.clone()),
-            _ => None,
-        })
-        .unwrap();
-    let a = contribution(2, 0, g, 0.2, 3);
-    let b = contribution(3, 0, g, 0.3, 3);
-    m.handle(
-        T0 + 1_100,
-        Input::Contribution {
-            from: pk(2),
-            envelope: a.clone(),
-        },
-    );
+    let (own, a, b) = own_and_two_more(&mut m, &outs, g);
     let (at, ours, _) = run_until_new_state(&mut m, T0 + 1_100, T0 + 200_000, |_, now| {
         Some(status(0, g, Phase::Training, now))
     })
