@@ -327,16 +327,8 @@ impl<B: AutodiffBackend> Driver<B> {
             None => (genesis.clone(), false),
         };
         let hash = state.hash();
-        // The state before ours, when still on disk: the base from which a preferred fork of our
-        // round is replayed (a wrong one only costs a replay that fails).
-        let prev = if resumed && state.round > 0 {
-            store
-                .checkpoint_at(state.round - 1)?
-                .filter(|p| p.params.len() == state.params.len())
-                .map(|p| {
-                    let h = p.hash();
-                    (Arc::new(p), h)
-                })
+        let prev = if resumed {
+            sync::previous_checkpoint(&store, &state)?
         } else {
             None
         };

@@ -41,6 +41,27 @@ pub async fn checkpoint_and_serve(
     state
 }
 
+/// The checkpoint before `state`, when still on disk: the base from which a preferred fork of
+/// its round is replayed (a wrong one only costs a replay that fails).
+///
+/// # Errors
+/// On storage failure.
+pub(super) fn previous_checkpoint(
+    store: &Store,
+    state: &StateSnapshot,
+) -> anyhow::Result<Option<(std::sync::Arc<StateSnapshot>, Hash32)>> {
+    if state.round == 0 {
+        return Ok(None);
+    }
+    Ok(store
+        .checkpoint_at(state.round - 1)?
+        .filter(|p| p.params.len() == state.params.len())
+        .map(|p| {
+            let h = p.hash();
+            (std::sync::Arc::new(p), h)
+        }))
+}
+
 /// Holders asked for chunks of one state before the download gives up.
 const MAX_HOLDERS_ASKED: usize = 8;
 /// The longest a state download may take.

@@ -1,0 +1,189 @@
+//! What a node's machine asked for, carried out: statuses, pushes, fetches, training (the
+//! stand-in), new states.
+
+use super::*;
+
+impl World {
+    pub(super) fn carry_out(&mut self, i: usize, o: Output) {
+        let now = self.now;
+        match o {
+            Output::Announce(mut s) => {
+                s.unix_ms = now;
+                self.nodes[i].served_status = Some(s.clone());
+                let bytes = wire::encode(&s).len() as u64 + ENVELOPE_BYTES;
+                let from = self.nodes[i].key;
+                for j in self.connected_neighbours(i) {
+                    self.send(
+                        i,
+                        j,
+                        bytes,
+                        Input::Status {
+                            from,
+                            status: s.clone(),
+                        },
+                    );
+                }
+            }
+            Output::Serve(mut s) => {
+                s.unix_ms = now;
+                self.nodes[i].served_status = Some(s);
+            }
+            Output::Greet(k) => {
+                if let (Some(&j), Some(s)) =
+                    (self.index.get(&k), self.nodes[i].served_status.clone())
+                {
+                    let bytes = wire::encode(&s).len() as u64 + ENVELOPE_BYTES;
+                    let from = self.nodes[i].key;
+                    self.send(i, j, bytes, Input::Status { from, status: s });
+                }
+            }
+            Output::AskStatuses(peers) => {
+                for k in peers {
+                    if let Some(&j) = self.index.get(&k) {
+                        self.request(i, j, Req::Status);
+                    }
+                }
+            }
+            Output::Push { to, envelope } => {
+                let bytes = envelope.payload.len() as u64 + ENVELOPE_BYTES;
+                let from = self.nodes[i].key;
+                for k in to {
+                    if let Some(&j) = self.index.get(&k) {
+                        self.send(
+                            i,
+                            j,
+                            bytes,
+                            Input::Contribution {
+                                from,
+                                envelope: envelope.clone(),
+                            },
+                        );
+                    }
+                }
+            }
+            Output::Hold(env) => {
+                self.nodes[i]
+                    .served
+                    .insert((env.header.round, env.header.sender), env);
+            }
+            Output::ForgetBefore(r) => self.nodes[i].served.retain(|(round, _), _| *round >= r),
+            Output::Fetch {
+                from,
+                round,
+                sender,
+            } => {
+                if let Some(&j) = self.index.get(&from) {
+                    self.request(i, j, Req::Contribution { round, sender });
+                }
+            }
+            Output::FetchState { from, round, hash } => {
+                if let Some(&j) = from.first().and_then(|k| self.index.get(k)) {
+                    self.request(i, j, Req::State { round, hash });
+                } else {
+                    self.deliver_at(now + 1, i, Input::StateFailed { hash });
+                }
+            }
+            Output::Train {
+                state,
+                steps,
+                budget_ms,
+                ..
+            } => self.train(i, &state, steps, budget_ms),
+            Output::NewState(ns) => {
+                let n = &mut self.nodes[i];
+                if let How::Synced {
+                    verified: "attested",
+                    ..
+                } = ns.how
+                {
+                    let from = n.checkpoint.round.min(ns.state.round.saturating_sub(1));
+                    for r in from..ns.state.round {
+                        if let Some(h) = n.held.get_mut(&r) {
+                            h.skipped = true;
+                        }
+                    }
+                }
+                if n.checkpoint.round + 1 == ns.state.round {
+                    n.previous = Some(n.checkpoint.clone());
+                }
+                n.checkpoint = ns.state.clone();
+                n.checkpoint_hash = ns.hash;
+                let h = n.held.entry(ns.state.round).or_default();
+                if h.first.is_none() {
+                    h.first = Some(ns.hash);
+                    h.at = now;
+                }
+                h.last = Some(ns.hash);
+                if !self.losses.contains_key(&ns.hash) {
+                    let loss = self.objective.val_loss(&ns.state.params);
+                    self.losses.insert(ns.hash, loss);
+                }
+                if let How::Synced { .. } = ns.how {
+                    self.synced += 1;
+                }
+            }
+            Output::Note(note) => {
+                if self.trace {
+                    eprintln!("{:>8} node {i} r{}: {note:?}", now, self.round_of(i));
+                }
+            }
+            Output::Finished(_) => self.nodes[i].finished = true,
+            Output::Failed(why) => {
+                self.nodes[i].finished = true;
+                self.failures.push(format!("node {i}: {why}"));
+            }
+        }
+    }
+
+    /// The stand-in trainer: `steps` SGD steps on the objective from `state`, within the budget;
+    /// the result arrives when the steps would have finished.
+    pub(super) fn train(
+        &mut self,
+        i: usize,
+        state: &StateSnapshot,
+        steps: u32,
+        budget_ms: Option<Millis>,
+    ) {
+        let step_ms = self.nodes[i].step_ms;
+        let fit = budget_ms.map_or(steps, |b| ((b as f64 / step_ms) as u32).min(steps));
+        let mut params = state.params.clone();
+        let loss = self
+            .objective
+            .train(&mut params, fit, &mut self.nodes[i].rng);
+        let secs = fit as f64 * step_ms / 1000.0;
+        let trained = Trained {
+            steps: fit,
+            tokens: u64::from(fit) * crate::sim::TOKENS_PER_STEP,
+            mean_loss: loss,
+            params,
+            secs,
+            yielded: fit < steps,
+        };
+        let at = self.now + (fit as f64 * step_ms).ceil() as Millis;
+        // Its speed goes out with its window record (Kademlia; not counted, as in the daemon).
+        if fit > 0 {
+            let tokens_per_sec = trained.tokens as f64 / secs.max(1e-9);
+            let from = self.nodes[i].key;
+            for j in self.connected_neighbours(i) {
+                self.deliver_at(
+                    at,
+                    j,
+                    Input::Speed {
+                        from,
+                        tokens_per_sec,
+                    },
+                );
+            }
+        }
+        self.deliver_at(at.max(self.now + 1), i, Input::Trained(trained));
+    }
+
+    pub(super) fn connected_neighbours(&self, i: usize) -> Vec<usize> {
+        self.nodes[i]
+            .neighbours
+            .iter()
+            .copied()
+            .filter(|j| self.nodes[*j].machine.is_some())
+            .collect()
+    }
+}

@@ -1,0 +1,315 @@
+//! Align: waiting for peers, windows, joining late, replaying states ahead and forks, stalls.
+
+use super::*;
+
+#[test]
+fn a_node_waits_for_its_peers_then_trains() {
+    let mut m = RoundMachine::new(config(2), genesis());
+    let h = m.hash();
+    m.handle(0, Input::Start);
+    m.handle(0, Input::Connected(pk(2)));
+    let outs = m.handle(
+        0,
+        Input::Status {
+            from: pk(2),
+            status: status(0, h, Phase::Ready, 0),
+        },
+    );
+    assert!(train_of(&outs).is_none());
+    assert_eq!(m.stage(), "starting");
+    m.handle(0, Input::Connected(pk(3)));
+    let outs = m.handle(
+        0,
+        Input::Status {
+            from: pk(3),
+            status: status(0, h, Phase::Ready, 0),
+        },
+    );
+    // It looks at its peers once more before training.
+    let more = answer_asks(&mut m, 10, &outs, |_| Some(status(0, h, Phase::Ready, 10)));
+    assert_eq!(train_of(&more), Some((0, None)));
+}
+
+#[test]
+fn a_closed_window_pauses_and_an_open_one_resumes() {
+    let (mut m, _) = node(1);
+    let g = m.hash();
+    let outs = m.handle(10, Input::Window(false));
+    assert!(train_of(&outs).is_none());
+    assert_eq!(m.stage(), "paused");
+    assert_eq!(m.status().phase, Phase::Paused);
+    let outs = m.handle(5_000, Input::Window(true));
+    let more = answer_asks(&mut m, 5_000, &outs, |_| {
+        Some(status(0, g, Phase::Ready, 5_000))
+    });
+    assert_eq!(train_of(&more).map(|t| t.0), Some(0));
+}
+
+#[test]
+fn a_node_joins_the_round_under_way_for_the_time_left() {
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    // The peers started training round 0 at 2 s (while we still looked at them) and take 10 s
+    // for a round.
+    for k in &keys {
+        m.handle(
+            2_000,
+            Input::Speed {
+                from: *k,
+                tokens_per_sec: 100.0,
+            },
+        );
+        m.handle(
+            2_000,
+            Input::Status {
+                from: *k,
+                status: status(0, g, Phase::Training, 2_000),
+            },
+        );
+    }
+    let outs = m.handle(5_000, Input::Tick);
+    let more = answer_asks(&mut m, 5_000, &outs, |_| {
+        Some(status(0, g, Phase::Training, 5_000))
+    });
+    let all = [outs, more].concat();
+    assert!(
+        notes(&all)
+            .iter()
+            .any(|n| matches!(n, Note::JoinedLate { .. })),
+        "{all:?}"
+    );
+    assert_eq!(train_of(&all), Some((0, Some(7_000))));
+}
+
+#[test]
+fn a_state_ahead_is_adopted_only_once_it_replays() {
+    let (mut m, _) = node(1);
+    let g = m.hash();
+    let a = contribution(2, 0, g, 0.2, 1);
+    let (next, _) = recipe()
+        .apply(
+            &genesis(),
+            &BTreeMap::from([(pk(2), accept::accept(&recipe().context(0, g), &a).unwrap())]),
+        )
+        .unwrap();
+    let ahead = |hash: Hash32, at: Millis| Status {
+        formed_by: vec![ContributionId::of(&a)],
+        ..status(1, hash, Phase::Ready, at)
+    };
+    // A made-up claim first: the same contributions, another hash. It does not replay.
+    let fake = Hash32::of(&[b"made up"]);
+    let first = m.handle(
+        T0,
+        Input::Status {
+            from: pk(2),
+            status: ahead(fake, T0),
+        },
+    );
+    let outs = m.handle(T0 + 10, Input::Tick);
+    let outs = [
+        first,
+        answer_asks(&mut m, T0 + 10, &outs, |_| Some(ahead(fake, T0 + 10))),
+        outs,
+    ]
+    .concat();
+    assert!(
+        outs.iter().any(|o| matches!(o, Output::Fetch { .. })),
+        "{outs:?}"
+    );
+    let outs = m.handle(
+        T0 + 20,
+        Input::Contribution {
+            from: pk(2),
+            envelope: a.clone(),
+        },
+    );
+    assert!(new_state(&outs).is_none());
+    assert!(
+        notes(&outs)
+            .iter()
+            .any(|n| matches!(n, Note::Rejected { .. })),
+        "{outs:?}"
+    );
+    assert_eq!(m.round(), 0);
+    // The true one replays and is adopted (by a node that was not shown the fake first: that
+    // one went on to train its round).
+    let (mut m, _) = node(1);
+    let truth = next.hash();
+    let mut now = T0;
+    let first_truth = m.handle(
+        now,
+        Input::Status {
+            from: pk(2),
+            status: ahead(truth, now),
+        },
+    );
+    let mut adopted = None;
+    let mut first = first_truth;
+    for _ in 0..200 {
+        now += CONFIRM_MS;
+        let mut outs = std::mem::take(&mut first);
+        outs.extend(m.handle(now, Input::Tick));
+        let mut all = answer_asks(&mut m, now, &outs, |_| Some(ahead(truth, now)));
+        all.extend(outs.clone());
+        if all.iter().any(|o| matches!(o, Output::Fetch { .. })) {
+            all.extend(m.handle(
+                now,
+                Input::Contribution {
+                    from: pk(2),
+                    envelope: a.clone(),
+                },
+            ));
+        }
+        if let Some(n) = new_state(&all) {
+            adopted = Some(n.clone());
+            break;
+        }
+    }
+    let n = adopted.expect("adopted after the replay");
+    assert_eq!(n.hash, truth);
+    assert!(matches!(
+        n.how,
+        How::Synced {
+            verified: "replay",
+            ..
+        }
+    ));
+    assert_eq!(m.round(), 1);
+}
+
+#[test]
+fn an_unverified_better_state_holds_training_back_a_few_times() {
+    let (mut m, _) = node(1);
+    let g = m.hash();
+    let a = contribution(2, 0, g, 0.2, 1);
+    let ahead = |at: Millis| Status {
+        formed_by: vec![ContributionId::of(&a)],
+        ..status(1, Hash32::of(&[b"ahead"]), Phase::Ready, at)
+    };
+    m.handle(
+        T0,
+        Input::Status {
+            from: pk(2),
+            status: ahead(T0),
+        },
+    );
+    let mut now = T0;
+    let mut stalls = 0;
+    let mut trained_at = None;
+    for _ in 0..400 {
+        now += CONFIRM_MS;
+        let outs = m.handle(now, Input::Tick);
+        let mut all = answer_asks(&mut m, now, &outs, |_| Some(ahead(now)));
+        all.extend(outs);
+        // The holder never has the contribution: the replay fails through no fault of the claim.
+        for o in all.clone() {
+            if let Output::Fetch {
+                from,
+                round,
+                sender,
+            } = o
+            {
+                all.extend(m.handle(
+                    now,
+                    Input::NotFound {
+                        from,
+                        round,
+                        sender,
+                    },
+                ));
+            }
+        }
+        stalls += notes(&all)
+            .iter()
+            .filter(|n| matches!(n, Note::Stalled { .. }))
+            .count();
+        if train_of(&all).is_some() {
+            trained_at = Some(now);
+            break;
+        }
+    }
+    assert_eq!(stalls as u32, MAX_STALLS);
+    let at = trained_at.expect("trains in the end");
+    assert!(at >= T0 + u64::from(MAX_STALLS) * rules::RETRY_SECS * 1000);
+}
+
+#[test]
+fn a_fork_formed_by_more_contributions_replaces_ours_by_replay_from_the_state_before() {
+    // Round 0 closes at the deadline with our contribution and peer 2's; peer 3's arrived
+    // elsewhere: the peers' θ(1) counts all three.
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    let outs = collecting(&mut m, &keys);
+    let (own, a, b) = own_and_two_more(&mut m, &outs, g);
+    let (at, ours, _) = run_until_new_state(&mut m, T0 + 1_100, T0 + 200_000, |_, now| {
+        Some(status(0, g, Phase::Training, now))
+    })
+    .expect("the deadline closed our round");
+    let How::Stepped(s) = &ours.how else { panic!() };
+    assert_eq!(s.contributors, 2);
+    let set: BTreeMap<Key, Accepted> = [&own, &a, &b]
+        .iter()
+        .map(|e| {
+            let x = accept::accept(&recipe().context(0, g), e).unwrap();
+            (x.sender, x)
+        })
+        .collect();
+    let (theirs, _) = recipe().apply(&genesis(), &set).unwrap();
+    let (their_hash, formed) = (theirs.hash(), theirs.formed_by.clone());
+    assert_ne!(their_hash, ours.hash);
+    // Both peers announce their θ(1): a fork of ours, preferred (three contributions to two).
+    let claim = |now: Millis| Status {
+        formed_by: formed.clone(),
+        ..status(1, their_hash, Phase::Ready, now)
+    };
+    let mut now = at;
+    let mut outs = vec![];
+    for k in &keys {
+        outs.extend(m.handle(
+            now,
+            Input::Status {
+                from: *k,
+                status: claim(now),
+            },
+        ));
+    }
+    let mut adopted = None;
+    for _ in 0..200 {
+        now += CONFIRM_MS;
+        let mut all = std::mem::take(&mut outs);
+        all.extend(m.handle(now, Input::Tick));
+        let answers = answer_asks(&mut m, now, &all, |_| Some(claim(now)));
+        all.extend(answers);
+        // Only peer 3's contribution is missing; whoever is asked serves it.
+        for o in all.clone() {
+            if let Output::Fetch { from, sender, .. } = o {
+                let env = if sender == pk(3) {
+                    b.clone()
+                } else {
+                    a.clone()
+                };
+                all.extend(m.handle(
+                    now,
+                    Input::Contribution {
+                        from,
+                        envelope: env,
+                    },
+                ));
+            }
+        }
+        if let Some(n) = all.iter().find_map(|o| match o {
+            Output::NewState(n) if n.hash == their_hash => Some(n.clone()),
+            _ => None,
+        }) {
+            adopted = Some(n);
+            break;
+        }
+        outs = vec![];
+    }
+    let n = adopted.expect("the preferred fork was replayed and adopted");
+    assert!(matches!(
+        n.how,
+        How::Synced { verified: "replay", reason: "diverged from the swarm", replaced: Some(h), .. } if h == ours.hash
+    ));
+    assert_eq!((m.round(), m.hash()), (1, their_hash));
+}

@@ -1,0 +1,225 @@
+//! Collection and the step: deadlines, duplicates, reconciling, peers on another state.
+
+use super::*;
+
+#[test]
+fn a_round_closes_when_every_live_peer_is_in_and_steps_like_a_replay() {
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    let outs = collecting(&mut m, &keys);
+    let pushed: Vec<Key> = outs
+        .iter()
+        .find_map(|o| match o {
+            Output::Push { to, .. } => Some(to.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(pushed, keys, "the contribution goes to every live peer");
+    let (own, a, b) = own_and_two_more(&mut m, &outs, g);
+    let outs = m.handle(
+        T0 + 1_200,
+        Input::Contribution {
+            from: pk(3),
+            envelope: b.clone(),
+        },
+    );
+    assert!(
+        new_state(&outs).is_none(),
+        "one more look at the peers first"
+    );
+    let mut now = T0 + 1_200;
+    let mut got = None;
+    let mut pending = outs;
+    for _ in 0..10 {
+        now += CONFIRM_MS;
+        let mut outs = answer_asks(&mut m, now, &pending, |k| {
+            Some(status(0, g, Phase::Collecting, now).with_holding(vec![*k]))
+        });
+        outs.extend(m.handle(now, Input::Tick));
+        if let Some(n) = new_state(&outs) {
+            got = Some(n.clone());
+            break;
+        }
+        pending = outs;
+    }
+    let n = got.expect("the round closed");
+    let How::Stepped(s) = &n.how else { panic!() };
+    assert_eq!((s.round, s.contributors, s.missed_deadline), (1, 3, 0));
+    // The very state a peer replaying the round from these contributions computes.
+    let replayed =
+        rules::replay_round(&recipe(), &genesis(), g, vec![own, a, b], n.hash).expect("replays");
+    assert_eq!(replayed.hash, n.hash);
+    assert_eq!(m.round(), 1);
+}
+
+#[test]
+fn the_deadline_closes_a_round_without_a_missing_peer() {
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    collecting(&mut m, &keys);
+    m.handle(
+        T0 + 1_100,
+        Input::Contribution {
+            from: pk(2),
+            envelope: contribution(2, 0, g, 0.2, 3),
+        },
+    );
+    // Peer 3 trains on and never sends: the round waits for it until the deadline.
+    let (at, n, seen) = run_until_new_state(&mut m, T0 + 1_100, T0 + 200_000, |_, now| {
+        Some(status(0, g, Phase::Training, now))
+    })
+    .expect("the deadline closed the round");
+    assert!(
+        at >= T0 + 1_000 + 60_000,
+        "closed at {at}, before the deadline"
+    );
+    assert!(
+        seen.contains(&Note::DeadlinePassed {
+            round: 0,
+            missing: 1
+        }),
+        "{seen:?}"
+    );
+    let How::Stepped(s) = &n.how else { panic!() };
+    assert_eq!((s.contributors, s.missed_deadline, s.planned), (2, 1, 3));
+    assert!(s.step_scale <= 1.0);
+}
+
+#[test]
+fn duplicate_late_and_early_contributions() {
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    collecting(&mut m, &keys);
+    let a = contribution(2, 0, g, 0.2, 3);
+    let outs = m.handle(
+        T0 + 1_100,
+        Input::Contribution {
+            from: pk(2),
+            envelope: a.clone(),
+        },
+    );
+    assert!(outs.iter().any(|o| matches!(o, Output::Hold(_))));
+    // The same again (pushed and fetched): nothing happens.
+    let outs = m.handle(
+        T0 + 1_200,
+        Input::Contribution {
+            from: pk(3),
+            envelope: a.clone(),
+        },
+    );
+    assert!(
+        outs.iter()
+            .all(|o| !matches!(o, Output::Hold(_) | Output::Note(_))),
+        "{outs:?}"
+    );
+    // Another one from the same sender: refused, the first is kept.
+    let other = contribution(2, 0, g, 0.9, 3);
+    let outs = m.handle(
+        T0 + 1_300,
+        Input::Contribution {
+            from: pk(2),
+            envelope: other,
+        },
+    );
+    assert!(
+        matches!(notes(&outs)[..], [Note::Refused { .. }]),
+        "{outs:?}"
+    );
+    assert_eq!(m.status().holding.len(), 2);
+    // One for an earlier round (a base we do not hold): refused quietly, not counted.
+    let late = contribution(3, 0, Hash32::of(&[b"old"]), 0.3, 3);
+    let outs = m.handle(
+        T0 + 1_400,
+        Input::Contribution {
+            from: pk(3),
+            envelope: late,
+        },
+    );
+    assert!(matches!(notes(&outs)[..], [Note::Refused { .. }]));
+    assert_eq!(m.status().holding.len(), 2);
+    // One for the next round: kept for then, not counted now.
+    let early = contribution(3, 1, Hash32::of(&[b"next"]), 0.3, 3);
+    m.handle(
+        T0 + 1_500,
+        Input::Contribution {
+            from: pk(3),
+            envelope: early,
+        },
+    );
+    assert_eq!(m.status().holding.len(), 2);
+    assert_eq!(m.stash.len(), 1);
+}
+
+#[test]
+fn reconciling_fetches_what_a_peer_holds_and_we_lack() {
+    let (mut m, keys) = node(1);
+    let g = m.hash();
+    collecting(&mut m, &keys);
+    m.handle(
+        T0 + 1_100,
+        Input::Contribution {
+            from: pk(2),
+            envelope: contribution(2, 0, g, 0.2, 2),
+        },
+    );
+    // Peer 2 also holds peer 9's contribution (9 is not connected to us).
+    let mut now = T0 + 1_100;
+    let mut fetched = None;
+    let mut pending = vec![];
+    for _ in 0..20 {
+        now += CONFIRM_MS;
+        let mut outs = answer_asks(&mut m, now, &pending, |_| {
+            Some(status(0, g, Phase::Collecting, now).with_holding(vec![pk(2), pk(9)]))
+        });
+        outs.extend(m.handle(now, Input::Tick));
+        if let Some(f) = outs.iter().find_map(|o| match o {
+            Output::Fetch { from, sender, .. } if *sender == pk(9) => Some(*from),
+            _ => None,
+        }) {
+            fetched = Some(f);
+            break;
+        }
+        pending = outs;
+    }
+    assert_eq!(fetched, Some(pk(2)), "asks the peer that holds it");
+    let outs = m.handle(
+        now + 50,
+        Input::Contribution {
+            from: pk(2),
+            envelope: contribution(9, 0, g, 0.4, 2),
+        },
+    );
+    let n = new_state(&outs).expect("the round closes once it is in");
+    let How::Stepped(s) = &n.how else { panic!() };
+    assert_eq!(s.contributors, 3);
+}
+
+#[test]
+fn peers_on_another_state_are_not_waited_for() {
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    collecting(&mut m, &keys);
+    m.handle(
+        T0 + 1_100,
+        Input::Contribution {
+            from: pk(2),
+            envelope: contribution(2, 0, g, 0.2, 3),
+        },
+    );
+    // Peer 3 trains round 0 from another state: its contribution would be refused, so the
+    // round does not wait for it.
+    let other = Hash32::of(&[b"another state of round 0"]);
+    m.handle(
+        T0 + 1_150,
+        Input::Status {
+            from: pk(3),
+            status: status(0, other, Phase::Training, T0 + 1_150),
+        },
+    );
+    let (at, _, _) = run_until_new_state(&mut m, T0 + 1_200, T0 + 100_000, |k, now| {
+        let h = if *k == pk(3) { other } else { g };
+        Some(status(0, h, Phase::Training, now))
+    })
+    .expect("closed");
+    assert!(at < T0 + 10_000, "waited until {at}");
+}
