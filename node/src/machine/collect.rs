@@ -162,7 +162,7 @@ impl RoundMachine {
     }
 
     /// Verifies and records one contribution for the current round.
-    pub(super) fn consider(&mut self, now: Millis, from: Key, env: Arc<SignedEnvelope>) {
+    pub(super) fn consider(&mut self, from: Key, env: Arc<SignedEnvelope>) {
         let round = self.state.round;
         if env.header.round == round + 1 {
             self.stash_push(from, env);
@@ -208,7 +208,7 @@ impl RoundMachine {
                     .map(|c| c.keys().copied().collect())
                     .unwrap_or_default();
                 self.out.push(Output::Serve(self.status()));
-                self.fetched(now, sender);
+                self.fetched(sender);
             }
             Err(e) => {
                 let late = env.header.round < round

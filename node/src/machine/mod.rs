@@ -370,7 +370,7 @@ impl RoundMachine {
                 }
                 Stage::Training { .. } | Stage::Done => {}
                 Stage::Collecting(_) => self.collect_step(now, tick),
-                Stage::Reconciling(_) => self.reconcile_step(now, tick),
+                Stage::Reconciling(_) => self.reconcile_step(now),
                 Stage::Paused => {
                     if self.available {
                         self.begin_round(now);
@@ -535,7 +535,7 @@ impl RoundMachine {
 
     fn on_contribution(&mut self, now: Millis, from: Key, env: Arc<SignedEnvelope>) {
         match &self.stage {
-            Stage::Collecting(_) | Stage::Reconciling(_) => self.consider(now, from, env),
+            Stage::Collecting(_) | Stage::Reconciling(_) => self.consider(from, env),
             Stage::Verifying(_) => self.replay_offer(now, from, env),
             _ => {
                 if env.header.round >= self.state.round {

@@ -38,7 +38,7 @@ impl RoundMachine {
         self.refresh_statuses(now);
     }
 
-    pub(super) fn reconcile_step(&mut self, now: Millis, _tick: bool) {
+    pub(super) fn reconcile_step(&mut self, now: Millis) {
         let Stage::Reconciling(rc) = &self.stage else {
             return;
         };
@@ -152,7 +152,7 @@ impl RoundMachine {
     }
 
     /// A wanted contribution arrived and counted.
-    pub(super) fn fetched(&mut self, _now: Millis, sender: Key) {
+    pub(super) fn fetched(&mut self, sender: Key) {
         if let Stage::Reconciling(rc) = &mut self.stage {
             rc.pending.remove(&sender);
         }

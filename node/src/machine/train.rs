@@ -113,7 +113,7 @@ impl RoundMachine {
         ));
         for (from, env) in std::mem::take(&mut self.stash) {
             if env.header.round == r {
-                self.consider(now, from, env);
+                self.consider(from, env);
             } else if env.header.round > r {
                 self.stash.push((from, env));
             }

@@ -123,6 +123,8 @@ pub struct World {
     pub failures: Vec<String>,
     /// Print every note as it happens (NIGHTSHIFT_SIM_DUMP).
     trace: bool,
+    /// Also print every output of this node (NIGHTSHIFT_SIM_NODE).
+    trace_node: Option<usize>,
 }
 
 fn splitmix(mut x: u64) -> u64 {
@@ -186,7 +188,7 @@ impl World {
             })
             .collect();
         // Bootstraps, after the trainers: every trainer dials them.
-        for (b, secret) in secrets.iter().enumerate().skip(n) {
+        for secret in &secrets[n..] {
             let key = SigningKey::from_bytes(secret);
             let cfg = Config {
                 key: key.clone(),
@@ -195,7 +197,6 @@ impl World {
                 role: nightshift_protocol::NodeRole::Bootstrap,
                 ..template.clone()
             };
-            let _ = b;
             nodes.push(Node {
                 key: key.verifying_key().to_bytes(),
                 bootstrap: true,
@@ -258,6 +259,9 @@ impl World {
             synced: 0,
             failures: vec![],
             trace: std::env::var_os("NIGHTSHIFT_SIM_DUMP").is_some(),
+            trace_node: std::env::var("NIGHTSHIFT_SIM_NODE")
+                .ok()
+                .and_then(|v| v.parse().ok()),
         };
         for i in 0..w.nodes.len() {
             w.boot(i);
@@ -438,12 +442,7 @@ impl World {
             eprintln!("{:>8} node {i} stage {} <- {short}", now, m.stage());
         }
         let outputs = m.handle(now, input);
-        if self.trace
-            && std::env::var("NIGHTSHIFT_SIM_NODE")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                == Some(i)
-        {
+        if self.trace && self.trace_node == Some(i) {
             for o in &outputs {
                 let t = format!("{o:?}");
                 eprintln!("{:>8} node {i} out {}", now, &t[..t.len().min(100)]);

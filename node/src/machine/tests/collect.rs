@@ -52,11 +52,8 @@ fn a_round_closes_when_every_live_peer_is_in_and_steps_like_a_replay() {
     assert_eq!(m.round(), 1);
 }
 
-#[test]
-fn the_deadline_closes_a_round_without_a_missing_peer() {
-    let (mut m, keys) = node(2);
-    let g = m.hash();
-    collecting(&mut m, &keys);
+/// Peer 2's contribution to round 0 (planning for three) arrives.
+fn peer_two_sends(m: &mut RoundMachine, g: Hash32) {
     m.handle(
         T0 + 1_100,
         Input::Contribution {
@@ -64,6 +61,14 @@ fn the_deadline_closes_a_round_without_a_missing_peer() {
             envelope: contribution(2, 0, g, 0.2, 3),
         },
     );
+}
+
+#[test]
+fn the_deadline_closes_a_round_without_a_missing_peer() {
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    collecting(&mut m, &keys);
+    peer_two_sends(&mut m, g);
     // Peer 3 trains on and never sends: the round waits for it until the deadline.
     let (at, n, seen) = run_until_new_state(&mut m, T0 + 1_100, T0 + 200_000, |_, now| {
         Some(status(0, g, Phase::Training, now))
@@ -199,13 +204,7 @@ fn peers_on_another_state_are_not_waited_for() {
     let (mut m, keys) = node(2);
     let g = m.hash();
     collecting(&mut m, &keys);
-    m.handle(
-        T0 + 1_100,
-        Input::Contribution {
-            from: pk(2),
-            envelope: contribution(2, 0, g, 0.2, 3),
-        },
-    );
+    peer_two_sends(&mut m, g);
     // Peer 3 trains round 0 from another state: its contribution would be refused, so the
     // round does not wait for it.
     let other = Hash32::of(&[b"another state of round 0"]);
