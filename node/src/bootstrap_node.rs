@@ -7,28 +7,25 @@
 
 use anyhow::Context;
 use ed25519_dalek::SigningKey;
-use libp2p::{Multiaddr, PeerId};
-use nightshift_protocol::message::Phase;
-use nightshift_protocol::{
-    Hash32, NodeRole, SignedEnvelope, SignedManifest, StateSnapshot, Status, sign_status,
-};
-use std::collections::{HashMap, HashSet};
+use libp2p::Multiaddr;
+use nightshift_protocol::NodeRole;
+use nightshift_protocol::SignedManifest;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
-use tracing::{info, warn};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
 
-use crate::net::{self, NetEvent, NetHandle, Served, StatusCheck};
-use crate::round::verify::{self, Held, Recipe, candidates, group_claims};
+use crate::machine::{self, How, Input, Note, Output, RoundMachine};
+use crate::net::{self, NetEvent, Served, StatusCheck};
+use crate::round::io::NetIo;
+use crate::round::verify::Recipe;
 use crate::store::Store;
 
-/// How often the follower looks for a newer verified state.
-const FOLLOW_TICK_MS: u64 = 500;
-/// How often it asks its peers for their statuses.
+/// How often the machine's deadlines are re-checked.
+const TICK_MS: u64 = 300;
+/// How often the follower asks its peers for their statuses.
 const STATUS_REFRESH_SECS: u64 = 3;
-/// Time-out of one status announcement or look-up.
-const LOOKUP_TIMEOUT_SECS: u64 = 5;
 
 /// How to run a bootstrap node.
 pub struct BootstrapOptions {
@@ -148,201 +145,112 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
             .and_then(|_| std::fs::rename(&tmp, path))
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    let mut f = Follower {
-        net,
-        store,
+    let cfg = machine::Config {
+        key: opts.key.clone(),
         recipe,
-        key: opts.key,
-        swarm_id,
-        state,
-        hash,
-        prev: None,
-        statuses: HashMap::new(),
-        connected: HashSet::new(),
-        status_check: StatusCheck::new(swarm_id, admitted),
-        rejected: verify::Rejections::default(),
+        inner_steps: 0,
+        round_deadline_ms: 0,
+        round_tokens: 0.0,
+        min_peers: 0,
+        rounds: None,
+        role: NodeRole::Bootstrap,
     };
-    f.serve_status();
-    f.run(events, opts.shutdown).await;
-    info!(round = f.state.round, "bootstrap node stopping");
+    let prev = crate::round::previous_checkpoint(&store, &state)?;
+    let mut m = RoundMachine::new(cfg, state);
+    if let Some(p) = prev {
+        m = m.with_prev(p);
+    }
+    let (answers_tx, answers) = mpsc::unbounded_channel();
+    let io = NetIo::new(
+        net,
+        opts.key,
+        StatusCheck::new(swarm_id, admitted),
+        store.clone(),
+        n,
+        answers_tx,
+    );
+    let mut f = Follower { m, io, store };
+    f.run(events, answers, opts.shutdown).await;
+    info!(round = f.m.round(), "bootstrap node stopping");
     Ok(())
 }
 
-/// The bootstrap's view of the swarm: the newest state it verified, and the peers' statuses.
+/// The bootstrap's round machine (a follower: it never trains) and its network side.
 struct Follower {
-    net: NetHandle,
+    m: RoundMachine,
+    io: NetIo,
     store: Store,
-    recipe: Arc<Recipe>,
-    key: SigningKey,
-    swarm_id: Hash32,
-    state: StateSnapshot,
-    hash: Hash32,
-    prev: Option<(Arc<StateSnapshot>, Hash32)>,
-    statuses: HashMap<PeerId, Status>,
-    connected: HashSet<PeerId>,
-    status_check: StatusCheck,
-    rejected: verify::Rejections,
 }
 
 impl Follower {
     async fn run(
         &mut self,
-        mut events: tokio::sync::mpsc::Receiver<NetEvent>,
+        mut events: mpsc::Receiver<NetEvent>,
+        mut answers: mpsc::UnboundedReceiver<Input>,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let mut tick = tokio::time::interval(Duration::from_millis(FOLLOW_TICK_MS));
+        let mut tick = tokio::time::interval(Duration::from_millis(TICK_MS));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_refresh = Instant::now();
+        self.feed(Input::Start).await;
         loop {
-            tokio::select! {
+            let inputs = tokio::select! {
                 ev = events.recv() => match ev {
-                    Some(ev) => self.on_event(ev),
+                    Some(ev) => self.io.inputs_of(ev),
                     None => break,
                 },
+                Some(i) = answers.recv() => vec![i],
                 _ = tick.tick() => {
+                    // Peers announce every change; asking now and then also covers one that
+                    // connected between its announcements.
                     if last_refresh.elapsed() >= Duration::from_secs(STATUS_REFRESH_SECS) {
-                        self.refresh_statuses().await;
+                        let peers: Vec<_> = self.io.connected().copied().collect();
+                        self.io.ask_statuses(peers);
                         last_refresh = Instant::now();
                     }
-                    // Follow round by round while there is a verified way forward.
-                    for _ in 0..8 {
-                        if !self.follow().await {
-                            break;
-                        }
-                    }
+                    vec![Input::Tick]
                 }
-                r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { break },
+                r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { break } else { continue },
+            };
+            for i in inputs {
+                self.feed(i).await;
             }
         }
     }
 
-    fn status(&self) -> Status {
-        Status {
-            role: NodeRole::Bootstrap,
-            phase: Phase::Ready,
-            round: self.state.round,
-            state_hash: self.hash,
-            formed_by: self.state.formed_by.clone(),
-            holding: vec![],
-            unix_ms: net::unix_ms(),
-        }
-    }
-
-    fn signed_status(&self) -> Arc<SignedEnvelope> {
-        Arc::new(sign_status(&self.key, self.swarm_id, &self.status()))
-    }
-
-    fn serve_status(&self) {
-        let env = self.signed_status();
-        self.net.served.update(|s| s.status = Some(env));
-    }
-
-    fn announce(&self) {
-        self.net.announce_status(
-            self.signed_status(),
-            self.connected.iter().copied(),
-            Duration::from_secs(LOOKUP_TIMEOUT_SECS),
-        );
-    }
-
-    fn note(&mut self, peer: PeerId, status: Status) {
-        net::note_newest(&mut self.statuses, peer, status);
-    }
-
-    fn on_event(&mut self, ev: NetEvent) {
-        match ev {
-            NetEvent::PeerConnected(p) => {
-                info!(peer = %p, "peer connected");
-                self.connected.insert(p);
+    async fn feed(&mut self, input: Input) {
+        let now = net::mono_ms();
+        // Replaying a round of a large model takes a while: the network runs on meanwhile.
+        let outputs = tokio::task::block_in_place(|| self.m.handle(now, input));
+        for o in outputs {
+            match self.io.carry(o) {
+                None => {}
+                Some(Output::NewState(ns)) => {
+                    let how = match &ns.how {
+                        How::Synced { verified, .. } => *verified,
+                        How::Stepped(_) => "stepped",
+                    };
+                    info!(
+                        round = ns.state.round,
+                        hash = %ns.hash.short(),
+                        verified = how,
+                        contributors = ns.state.formed_by.len(),
+                        "following the swarm"
+                    );
+                    crate::round::checkpoint_and_serve(&self.store, &self.io.net, ns.state, ns.hash)
+                        .await;
+                }
+                Some(Output::Note(Note::Rejected {
+                    round,
+                    hash,
+                    reason,
+                })) => {
+                    warn!(round, hash = %hash.short(), %reason, "a claimed state did not verify; not adopting it")
+                }
+                Some(Output::Note(note)) => debug!(?note, "bootstrap"),
+                Some(Output::Failed(why)) => warn!(%why, "the follower stopped"),
+                Some(_) => {}
             }
-            NetEvent::PeerDisconnected(p) => {
-                info!(peer = %p, "peer left");
-                self.connected.remove(&p);
-                self.statuses.remove(&p);
-            }
-            NetEvent::StatusAnnounced { peer, status } => {
-                self.connected.insert(peer);
-                self.note(peer, status);
-            }
-            NetEvent::ContributionPushed { .. } => {}
         }
-    }
-
-    async fn refresh_statuses(&mut self) {
-        let peers = self.net.connected().await;
-        self.connected = peers.iter().copied().collect();
-        self.statuses.retain(|p, _| peers.contains(p));
-        let answers = self
-            .net
-            .ask_statuses(
-                peers,
-                &self.status_check,
-                Duration::from_secs(LOOKUP_TIMEOUT_SECS),
-            )
-            .await;
-        for (p, s) in answers {
-            self.note(p, s);
-        }
-    }
-
-    /// Moves to a newer (or preferred) state of the swarm when one verifies; true if it did.
-    async fn follow(&mut self) -> bool {
-        let claims = group_claims(
-            self.statuses
-                .iter()
-                .filter(|(p, s)| {
-                    self.connected.contains(p)
-                        && s.role == NodeRole::Trainer
-                        && s.phase != Phase::Done
-                })
-                .filter_map(|(p, s)| Some((crate::net::public_key_of(p)?, s))),
-        );
-        self.rejected.prune(crate::net::mono_ms());
-        let held = Held {
-            round: self.state.round,
-            hash: self.hash,
-            formed: self.state.formed_by.len(),
-        };
-        let list = candidates(&self.recipe, held, &claims, &self.rejected);
-        if list.is_empty() {
-            return false;
-        }
-        let known = self.net.served.current().contributions.clone();
-        let Some(v) = verify::first_verified(
-            &self.net,
-            &self.store,
-            &self.recipe,
-            (&self.state, self.hash),
-            self.prev.as_ref(),
-            list,
-            &known,
-            &mut self.rejected,
-        )
-        .await
-        else {
-            return false;
-        };
-        let hash = v.state.hash();
-        info!(
-            round = v.state.round,
-            hash = %hash.short(),
-            verified = v.verified,
-            replay_ms = v.replay_ms,
-            contributors = v.state.formed_by.len(),
-            "following the swarm"
-        );
-        self.hash = hash;
-        self.prev = v.prev;
-        let round = v.state.round;
-        self.state =
-            crate::round::checkpoint_and_serve(&self.store, &self.net, v.state, hash).await;
-        self.net.served.update(|s| {
-            for env in v.envelopes {
-                s.contributions
-                    .insert((env.header.round, env.header.sender), env);
-            }
-            s.contributions.retain(|(r, _), _| *r + 2 >= round);
-        });
-        self.announce();
-        true
     }
 }

@@ -79,6 +79,11 @@ impl StatusCheck {
         StatusCheck { swarm_id, admitted }
     }
 
+    /// The swarm whose statuses this checks.
+    pub fn swarm_id(&self) -> Hash32 {
+        self.swarm_id
+    }
+
     /// Opens `env`, a status that `peer` sent (as an announcement or an answer), at `now_ms`.
     ///
     /// # Errors

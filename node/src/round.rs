@@ -1,92 +1,63 @@
-//! The trainer: a node that runs DiLoCo rounds with its peers.
+//! The trainer: the driver that runs a node's [`RoundMachine`] over libp2p, sled and burn.
 //!
-//! Each round r: align with the swarm (catch up or repair a diverged state), train H inner steps
-//! from θ(r), encode and sign Δ, push it to every peer, collect the others' until every live
-//! peer's has arrived or the deadline passes, reconcile the set with the peers' views, average by
-//! tokens, take the outer step, checkpoint θ(r+1) to sled, and announce the new state hash.
+//! The round's rules — align, train, collect, reconcile, step — live in [`crate::machine`], a
+//! pure state machine; this driver feeds it what happens (network events, the answers of its
+//! requests, training finished, the idle window, a 300 ms tick, Ctrl-C) and carries out what it
+//! asks: network outputs through [`io::NetIo`] (shared with the bootstrap node), inner steps on a
+//! blocking thread (`trainer.rs`), new states checkpointed to sled, loaded and evaluated, and
+//! the events, window records and control status a user sees.
 //!
 //! Idle windows: the node trains only while its idle monitor says the machine is idle. When the
 //! window closes, training stops at the next inner-step boundary; the steps done so far go out
 //! as a partial contribution (weighted by its tokens), the model and AdamW state leave the
-//! device, and the node announces [`Phase::Paused`] until the machine is idle again. A node that
-//! synced while the swarm was in the middle of a round waits for that round to end and joins
-//! the next. Each node advertises a signed window record in Kademlia; the measured speeds there
-//! set a time budget per round, so a slow node sends a smaller contribution rather than stall
-//! the others or miss the deadline.
+//! device, and the node announces [`Phase::Paused`] until the machine is idle again. Each node
+//! advertises a signed window record in Kademlia; the measured speeds there set a time budget
+//! per round, so a slow node sends a smaller contribution rather than stall the others.
 //!
 //! # Layout
-//! This file holds the trainer's state ([`Driver`]), its start and its loop; each phase of a
-//! round lives beside it: `align` (move to a verified better state), `train` (the inner steps),
-//! `collect` (contributions, verified as they come), `one_round` (a round from start to end:
-//! encode, push, collect, reconcile, step, checkpoint); `accept` and `verify` hold the pure
-//! rules, `sync` state downloads, `windows` the idle window's record and budget.
+//! This file holds the driver's state ([`Driver`]), its start and its loop; `io` the network
+//! side, `trainer` training and new states, `windows` the idle window's record, pause and
+//! resume, `sync` checkpoints and state downloads; `verify` re-exports the machine's rules.
 
 pub use crate::machine::accept;
-mod align;
-mod collect;
-mod one_round;
+pub mod io;
 mod sync;
-mod train;
+mod trainer;
 pub mod verify;
 mod windows;
 
-pub(crate) use sync::checkpoint_and_serve;
+pub(crate) use sync::{checkpoint_and_serve, previous_checkpoint};
 
 use windows::{device_info, spawn_availability_watch};
 
 use anyhow::{Context, bail};
 use burn::tensor::backend::AutodiffBackend;
 use ed25519_dalek::SigningKey;
-use libp2p::{Multiaddr, PeerId};
-use nightshift_model::{Corpus, ErrorFeedback, InnerConfig, InnerTrainer, Shard, Tokenizer, eval};
-use nightshift_protocol::message::{MAX_EXPECTED, Phase, sign_window};
-use nightshift_protocol::signed::EnvelopeHeader;
-use nightshift_protocol::{
-    Contribution, Hash32, NodeRole, PayloadKind, Request, Response, SignedEnvelope, SignedManifest,
-    StateSnapshot, Status, WindowRecord, WindowState, delta, sign_status, wire,
-};
+use libp2p::Multiaddr;
+use nightshift_model::{Corpus, InnerConfig, InnerTrainer, Shard, Tokenizer, eval};
+use nightshift_protocol::message::Phase;
+use nightshift_protocol::{Hash32, NodeRole, SignedManifest, WindowState};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use crate::events::{EventSink, NodeEvent, RoundRecord};
+use crate::events::{EventSink, NodeEvent};
 use crate::idle::Availability;
-use crate::net::{self, NetEvent, NetHandle, Served, StatusCheck};
+use crate::machine::{self, Input, Output, RoundMachine};
+use crate::net::{self, NetEvent, Served, StatusCheck};
 use crate::store::Store;
-use accept::{Accepted, accept};
-use verify::{Claim, Held, Recipe, candidates, group_claims};
+use io::NetIo;
+use verify::Recipe;
 
-/// How long a node waits for peers still finishing the previous round before it starts the next.
-const ALIGN_WAIT_SECS: u64 = 10;
-/// Time-out for the small status/contribution look-ups between rounds.
-const LOOKUP_TIMEOUT_SECS: u64 = 5;
-/// How often collection re-checks the peers' holdings for contributions it lacks.
-const COLLECT_TICK_MS: u64 = 300;
-/// How long a pushed contribution may take to arrive before it is fetched instead.
-const PUSH_GRACE_SECS: u64 = 2;
 /// How long a finished node keeps serving before it leaves.
 const LINGER_SECS: u64 = 2;
-/// Rounds in a row whose local training may go non-finite before the node gives up: one bad
-/// round is dropped and retried from θ; several in a row mean the settings diverge.
-const MAX_DIVERGED_IN_A_ROW: u32 = 3;
-/// Size of one state chunk asked for when syncing.
-const SYNC_CHUNK_BYTES: u32 = 1 << 20;
-/// How often an unchanged window record is re-published.
-const WINDOW_REFRESH_SECS: u64 = 60;
-/// A round's time budget: this many times the median live peer's expected training time.
-const BUDGET_FACTOR: f64 = 1.5;
-/// Most contributions fetched while reconciling one round (beyond those of the members).
-const MAX_RECONCILE_FETCHES: usize = 64;
-/// The longest reconciling a round may take.
-const RECONCILE_SECS: u64 = 30;
-/// Most early contributions (for a round not reached yet) kept in an open swarm.
-const MAX_STASHED: usize = 64;
+/// How often the machine's deadlines are re-checked.
+const TICK_MS: u64 = 300;
 
 /// How to run a trainer.
 pub struct TrainerOptions {
@@ -155,16 +126,6 @@ impl<B: AutodiffBackend> Compute<B> {
     }
 }
 
-enum Outcome {
-    Completed,
-    Behind,
-    /// The window closed before the first step: nothing to send.
-    Yielded,
-    /// Our own training went non-finite: nothing sent, the trainer is back at θ.
-    Diverged,
-    Shutdown,
-}
-
 /// What the node knows about its device, for its window record.
 #[derive(Clone, Debug)]
 struct DeviceInfo {
@@ -180,47 +141,29 @@ struct Closing {
     scheduled: Option<SystemTime>,
 }
 
-enum Trained {
-    /// No step ran (shutdown or the window closed first).
-    Nothing,
-    Report(nightshift_model::InnerReport),
-}
-
 struct Driver<B: AutodiffBackend> {
-    net: NetHandle,
+    m: RoundMachine,
+    io: NetIo,
     events: mpsc::Receiver<NetEvent>,
+    /// Answers of the network requests under way.
+    answers: mpsc::UnboundedReceiver<Input>,
+    /// Training finished on its thread: the trainer comes back with what it produced.
+    trained_tx: mpsc::UnboundedSender<trainer::TrainDone<B>>,
+    trained_rx: mpsc::UnboundedReceiver<trainer::TrainDone<B>>,
     sink: EventSink,
     store: Store,
     manifest: SignedManifest,
     swarm_id: Hash32,
-    key: SigningKey,
-    me: [u8; 32],
+    key: ed25519_dalek::SigningKey,
+    /// The trainer; `None` while it trains on its thread.
     compute: Option<Compute<B>>,
-    state: StateSnapshot,
-    hash: Hash32,
-    ef: ErrorFeedback,
+    /// The state whose θ the trainer holds.
+    loaded: Hash32,
+    /// The phase last announced.
     phase: Phase,
-    holding: Vec<[u8; 32]>,
-    /// Peers' newest statuses, each checked by `status_check` (signed by that peer, for this
-    /// swarm, by an admitted key, current).
-    statuses: HashMap<PeerId, Status>,
-    status_check: StatusCheck,
-    /// The swarm's rules for replaying a round.
-    recipe: Arc<Recipe>,
-    /// θ(r−1), the state before ours, when we computed or replayed ours from it: the base
-    /// from which a fork of our round is replayed.
-    prev: Option<(Arc<StateSnapshot>, Hash32)>,
-    /// Claims (state hashes) that failed to verify, and when: not tried again for a while.
-    rejected: verify::Rejections,
-    connected: HashSet<PeerId>,
-    stash: Vec<SignedEnvelope>,
     stop: Arc<AtomicBool>,
     shutdown: watch::Receiver<bool>,
-    rounds: Option<u64>,
-    min_peers: usize,
     num_params: usize,
-    /// Parameter shapes in flat order (the low-rank codec finds the matrices with them).
-    shapes: Arc<Vec<Vec<usize>>>,
     // Idle windows.
     idle: Option<watch::Receiver<Availability>>,
     avail: Arc<AtomicBool>,
@@ -228,24 +171,23 @@ struct Driver<B: AutodiffBackend> {
     device: DeviceInfo,
     /// Our measured inner-loop throughput (tokens/s), once a round has run.
     tokens_per_sec: Option<f64>,
-    /// Peers' window records (for speeds), refreshed in the background every round.
-    peer_windows: Arc<Mutex<HashMap<PeerId, WindowRecord>>>,
     window_published: Option<(WindowState, Instant)>,
     control_info: Option<Arc<RwLock<serde_json::Value>>>,
-    /// Set when `align` replaced our state with a peer's.
-    just_synced: bool,
-    /// Set after waiting out the round that was under way when we synced; the next round is ours.
-    waited_for_round: bool,
-    /// Rounds in a row whose local training went non-finite (reset by a completed round).
-    diverged_in_a_row: u32,
-    /// When a peer was first seen training each recent round.
-    round_started: BTreeMap<u64, Instant>,
-    /// The training budget of the next round when it is joined late.
-    budget_override: Option<Duration>,
+    /// The round under way, for its record.
+    round: Option<trainer::RoundClock>,
+    /// Since when the node is paused.
+    paused_since: Option<Instant>,
+    /// Since when the node is verifying a better state.
+    syncing_since: Option<Instant>,
 }
 
 fn short(k: &[u8; 32]) -> String {
     hex::encode(&k[..6])
+}
+
+/// The peer id of `key`, for events and logs.
+fn peer_name(key: &[u8; 32]) -> String {
+    net::peer_id_of(key).map_or_else(|| short(key), |p| p.to_string())
 }
 
 impl<B: AutodiffBackend> Driver<B> {
@@ -346,7 +288,7 @@ impl<B: AutodiffBackend> Driver<B> {
         let me = opts.key.verifying_key().to_bytes();
         let seed = u64::from_le_bytes(me[..8].try_into().unwrap_or_default())
             ^ state.round.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let compute = Compute {
+        let mut compute = Compute {
             trainer,
             corpus,
             shard,
@@ -360,7 +302,7 @@ impl<B: AutodiffBackend> Driver<B> {
         served.set_genesis(genesis.hash(), genesis_bytes);
         served.set_state(hash, net::encode_state(&state));
         let served = net::ServedHandle::new(served);
-        let max_frame = 2 * delta::dense_bytes(num_params) * 2 + (1 << 20);
+        let max_frame = 2 * nightshift_protocol::delta::dense_bytes(num_params) * 2 + (1 << 20);
         let admitted = m.admitted();
         let status_check = StatusCheck::new(swarm_id, admitted.clone());
         let (net, events) = net::spawn_network(
@@ -396,7 +338,6 @@ impl<B: AutodiffBackend> Driver<B> {
             spawn_availability_watch(rx, avail.clone(), closing.clone());
         }
         info!(swarm = %swarm_id.short(), peer = %net.local_peer, round = state.round, params = num_params, resumed, "trainer started");
-        let mut compute = compute;
         let val_loss = compute.val_loss();
         sink.emit(&NodeEvent::Started {
             peer_id: net.local_peer.to_string(),
@@ -407,48 +348,62 @@ impl<B: AutodiffBackend> Driver<B> {
             resumed,
         });
         let shapes = Arc::new(compute.trainer.param_shapes().to_vec());
-        let recipe = Arc::new(Recipe::new(&manifest, shapes.clone()));
-        let driver = Driver {
+        let recipe = Arc::new(Recipe::new(&manifest, shapes));
+        let t = &m.training;
+        let machine_cfg = machine::Config {
+            key: opts.key.clone(),
+            recipe,
+            inner_steps: t.inner_steps,
+            round_deadline_ms: u64::from(t.round_deadline_secs) * 1000,
+            round_tokens: f64::from(t.inner_steps)
+                * f64::from(t.batch_size)
+                * f64::from(m.model.seq_len),
+            min_peers: opts.min_peers,
+            rounds: opts.rounds,
+            role: NodeRole::Trainer,
+        };
+        let mut rm = RoundMachine::new(machine_cfg, state);
+        if let Some(p) = prev {
+            rm = rm.with_prev(p);
+        }
+        let (answers_tx, answers) = mpsc::unbounded_channel();
+        let (trained_tx, trained_rx) = mpsc::unbounded_channel();
+        let io = NetIo::new(
             net,
+            opts.key.clone(),
+            status_check,
+            store.clone(),
+            num_params,
+            answers_tx,
+        );
+        let driver = Driver {
+            m: rm,
+            io,
             events,
+            answers,
+            trained_tx,
+            trained_rx,
             sink,
             store,
             manifest,
             swarm_id,
             key: opts.key,
-            me,
             compute: Some(compute),
-            state,
-            hash,
-            ef: ErrorFeedback::default(),
+            loaded: hash,
             phase: Phase::Ready,
-            holding: vec![],
-            statuses: HashMap::new(),
-            status_check,
-            recipe,
-            prev,
-            rejected: verify::Rejections::default(),
-            connected: HashSet::new(),
-            stash: vec![],
             stop,
             shutdown: opts.shutdown,
-            rounds: opts.rounds,
-            min_peers: opts.min_peers,
             num_params,
-            shapes,
             idle: opts.idle,
             avail,
             closing,
             device: device_info::<B>(),
             tokens_per_sec: None,
-            peer_windows: Arc::new(Mutex::new(HashMap::new())),
             window_published: None,
             control_info: opts.control_info,
-            just_synced: false,
-            waited_for_round: false,
-            diverged_in_a_row: 0,
-            round_started: BTreeMap::new(),
-            budget_override: None,
+            round: None,
+            paused_since: None,
+            syncing_since: None,
         };
         driver.run().await
     }
@@ -457,238 +412,118 @@ impl<B: AutodiffBackend> Driver<B> {
         self.stop.load(Ordering::SeqCst)
     }
 
-    fn done(&self) -> bool {
-        self.rounds.is_some_and(|n| self.state.round >= n)
-    }
-
     async fn run(mut self) -> anyhow::Result<()> {
-        self.announce(Phase::Ready).await;
-        // Wait for company once, before the first round; later a swarm goes on with whoever is left.
-        let ready = self.done() || self.wait_for_peers().await;
-        let mut trained = false;
-        let mut stalls = 0;
+        let mut tick = tokio::time::interval(Duration::from_millis(TICK_MS));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut idle = self.idle.clone();
+        let mut shutdown = self.shutdown.clone();
+        let open = self.available();
+        let mut reason = self.feed(Input::Window(open)).await?;
+        if reason.is_none() {
+            reason = self.feed(Input::Start).await?;
+        }
         let reason = loop {
-            if self.shutting_down() || !ready {
-                break "shutdown";
+            if let Some(r) = reason {
+                break r;
             }
-            if self.done() {
-                if trained {
-                    // No next round's align will repair a fork of the last round: look once
-                    // more before leaving (a peer that counted more contributions wins, as
-                    // in every round, and only once its state replays).
-                    self.align().await;
-                }
-                break "finished";
-            }
-            if !self.available() {
-                if !self.pause().await {
-                    break "shutdown";
-                }
-                continue;
-            }
-            self.just_synced = false;
-            self.align().await;
-            if self.done() {
-                break "finished";
-            }
-            // A better state our peers hold did not verify yet (a lost fetch), and nobody is left
-            // on ours: a round trained alone counts for nobody, so try again first, a few times.
-            if stalls < crate::machine::MAX_STALLS && self.better_unverified() {
-                stalls += 1;
-                info!(
-                    round = self.state.round,
-                    times = stalls,
-                    "a better state did not verify yet; trying again before training alone"
-                );
-                let until = Instant::now() + Duration::from_secs(verify::RETRY_SECS);
-                while Instant::now() < until && !self.shutting_down() {
-                    self.next_event_within(Duration::from_millis(200)).await;
-                }
-                continue;
-            }
-            stalls = 0;
-            if self.round_under_way() {
-                // The others are already training this round. With enough of its time left,
-                // train for what is left (a smaller contribution that arrives with theirs);
-                // else, having just synced, wait for the next round rather than hold them up.
-                match self.late_budget() {
-                    Some(left) => {
-                        info!(
-                            round = self.state.round,
-                            secs = left.as_secs_f64(),
-                            "joining the round under way for the time it has left"
-                        );
-                        self.budget_override = Some(left);
-                    }
-                    None if self.just_synced && !self.waited_for_round => {
-                        self.waited_for_round = true;
-                        self.wait_for_round_end().await;
+            let input = tokio::select! {
+                ev = self.events.recv() => match ev {
+                    Some(ev) => {
+                        let inputs = self.io.inputs_of(ev);
+                        for i in inputs {
+                            reason = self.feed(i).await?;
+                            if reason.is_some() {
+                                break;
+                            }
+                        }
                         continue;
                     }
-                    None => {}
+                    None => bail!("the network task stopped"),
+                },
+                Some(i) = self.answers.recv() => i,
+                Some(done) = self.trained_rx.recv() => match self.on_trained(done) {
+                    Some(i) => i,
+                    None => continue,
+                },
+                _ = tick.tick() => {
+                    self.on_tick().await;
+                    Input::Tick
                 }
-            }
-            match self.one_round().await? {
-                Outcome::Completed => {
-                    trained = true;
-                    self.waited_for_round = false;
-                    self.diverged_in_a_row = 0;
+                r = shutdown.changed() => {
+                    if r.is_err() || *shutdown.borrow() {
+                        Input::Shutdown
+                    } else {
+                        continue;
+                    }
                 }
-                Outcome::Behind | Outcome::Yielded | Outcome::Diverged => {}
-                Outcome::Shutdown => break "shutdown",
-            }
+                r = async { match idle.as_mut() { Some(rx) => rx.changed().await, None => std::future::pending().await } } => {
+                    if r.is_err() {
+                        idle = None;
+                        continue;
+                    }
+                    Input::Window(self.available())
+                }
+            };
+            reason = self.feed(input).await?;
         };
-        self.announce(Phase::Done).await;
         self.sink.emit(&NodeEvent::Stopped {
-            round: self.state.round,
-            state_hash: self.hash.to_hex(),
+            round: self.m.round(),
+            state_hash: self.m.hash().to_hex(),
             reason: reason.into(),
         });
-        info!(round = self.state.round, reason, "trainer stopping");
+        info!(round = self.m.round(), reason, "trainer stopping");
         // Keep serving a moment so that peers finishing the same round can fetch from us.
         let linger = tokio::time::sleep(Duration::from_secs(LINGER_SECS));
         tokio::pin!(linger);
         loop {
             tokio::select! {
                 _ = &mut linger => break,
-                ev = self.events.recv() => match ev { Some(ev) => self.on_event(ev, None).await, None => break },
+                ev = self.events.recv() => if ev.is_none() { break },
             }
         }
         Ok(())
     }
 
-    fn status(&self) -> Status {
-        Status {
-            role: NodeRole::Trainer,
-            phase: self.phase,
-            round: self.state.round,
-            state_hash: self.hash,
-            formed_by: self.state.formed_by.clone(),
-            holding: self.holding.clone(),
-            unix_ms: net::unix_ms(),
+    /// Hands `input` to the machine and carries out what it asks, in order. Returns why the
+    /// node leaves, once it does.
+    async fn feed(&mut self, input: Input) -> anyhow::Result<Option<&'static str>> {
+        let now = net::mono_ms();
+        let t0 = Instant::now();
+        let trained = matches!(input, Input::Trained(_));
+        // Verifying contributions, replaying a round or taking the outer step can take a while
+        // on a large model: the network keeps running on the other threads meanwhile.
+        let outputs = tokio::task::block_in_place(|| self.m.handle(now, input));
+        if trained && let Some(r) = self.round.as_mut() {
+            r.encode_secs = t0.elapsed().as_secs_f64();
+            r.collect_from = Some(Instant::now());
         }
-    }
-
-    /// Our status, signed: what we announce and serve.
-    fn signed_status(&self) -> Arc<SignedEnvelope> {
-        Arc::new(sign_status(&self.key, self.swarm_id, &self.status()))
-    }
-
-    /// Re-signs the served status (the holding list changed).
-    fn serve_status(&self) {
-        let env = self.signed_status();
-        self.net.served.update(|s| s.status = Some(env));
-    }
-
-    /// Publishes the status to the served table and to every connected peer.
-    async fn announce(&mut self, phase: Phase) {
-        self.phase = phase;
-        let peers = self.net.connected().await;
-        self.net.announce_status(
-            self.signed_status(),
-            peers,
-            Duration::from_secs(LOOKUP_TIMEOUT_SECS),
-        );
-        let (window, force) = match phase {
-            Phase::Ready | Phase::Training | Phase::Collecting => (WindowState::Training, false),
-            Phase::Syncing => (WindowState::Syncing, false),
-            Phase::Paused => (WindowState::Busy, false),
-            Phase::Done => (WindowState::Left, true),
-        };
-        self.publish_window(window, "", force).await;
-        self.update_control_info(None);
-    }
-
-    /// Records a checked status of `peer` unless we hold a newer one (an older status arriving
-    /// late, or replayed, changes nothing).
-    fn note_status(&mut self, peer: PeerId, status: Status) {
-        let (training, round) = (
-            status.phase == Phase::Training && status.role == NodeRole::Trainer,
-            status.round,
-        );
-        if net::note_newest(&mut self.statuses, peer, status) && training {
-            self.round_started.entry(round).or_insert_with(Instant::now);
-            let keep = round.saturating_sub(2);
-            self.round_started.retain(|r, _| *r >= keep);
-        }
-    }
-
-    fn trainer_peers(&self) -> Vec<(PeerId, &Status)> {
-        self.statuses
-            .iter()
-            .filter(|(p, s)| {
-                s.role == NodeRole::Trainer && s.phase != Phase::Done && self.connected.contains(p)
-            })
-            .map(|(p, s)| (*p, s))
-            .collect()
-    }
-
-    /// Trainer peers that are not paused.
-    fn live_peers(&self) -> usize {
-        self.trainer_peers()
-            .iter()
-            .filter(|(_, s)| s.phase != Phase::Paused)
-            .count()
-    }
-
-    /// Asks every connected peer for its status.
-    async fn refresh_statuses(&mut self) {
-        let peers = self.net.connected().await;
-        self.connected.extend(peers.iter().copied());
-        let answers = self
-            .net
-            .ask_statuses(
-                peers,
-                &self.status_check,
-                Duration::from_secs(LOOKUP_TIMEOUT_SECS),
-            )
-            .await;
-        for (p, s) in answers {
-            self.note_status(p, s);
-        }
-    }
-
-    fn drain_events_now(&mut self) -> Vec<NetEvent> {
-        let mut out = vec![];
-        while let Ok(ev) = self.events.try_recv() {
-            out.push(ev);
-        }
-        out
-    }
-
-    /// Waits until at least `min_peers` trainers are known. Returns false on shutdown.
-    async fn wait_for_peers(&mut self) -> bool {
-        let mut last_log = Instant::now();
-        loop {
-            for ev in self.drain_events_now() {
-                self.on_event(ev, None).await;
+        for o in outputs {
+            let announced = match &o {
+                Output::Announce(s) => Some(s.phase),
+                _ => None,
+            };
+            let Some(o) = self.io.carry(o) else {
+                if let Some(phase) = announced {
+                    self.announced(phase).await;
+                }
+                continue;
+            };
+            match o {
+                Output::Train {
+                    state,
+                    hash,
+                    steps,
+                    budget_ms,
+                    fresh,
+                } => self.train(state, hash, steps, budget_ms, fresh)?,
+                Output::NewState(ns) => self.new_state(ns).await?,
+                Output::Note(note) => self.note(note),
+                Output::Finished(reason) => return Ok(Some(reason)),
+                Output::Failed(why) => bail!(why),
+                // Network outputs were carried out above.
+                _ => {}
             }
-            if self.live_peers() >= self.min_peers {
-                return true;
-            }
-            if self.shutting_down() {
-                return false;
-            }
-            self.refresh_statuses().await;
-            if self.live_peers() >= self.min_peers {
-                return true;
-            }
-            if last_log.elapsed() > Duration::from_secs(5) {
-                info!(
-                    have = self.trainer_peers().len(),
-                    want = self.min_peers,
-                    "waiting for peers"
-                );
-                last_log = Instant::now();
-            }
-            self.next_event_within(Duration::from_millis(250)).await;
         }
-    }
-
-    /// Handles the next network event, waiting for it at most `max` (then the caller re-polls).
-    async fn next_event_within(&mut self, max: Duration) {
-        if let Ok(Some(ev)) = tokio::time::timeout(max, self.events.recv()).await {
-            self.on_event(ev, None).await;
-        }
+        Ok(None)
     }
 }

@@ -54,6 +54,7 @@ fn undecodable(what: &'static str, e: wire::DecodeError) -> StoreError {
 }
 
 /// The node's store.
+#[derive(Clone)]
 pub struct Store {
     db: sled::Db,
 }

@@ -261,6 +261,11 @@ impl RoundMachine {
         }
     }
 
+    /// The connected trainers that have not left (whose window records give their speeds).
+    pub fn trainer_keys(&self) -> Vec<Key> {
+        self.trainer_peers().map(|(k, _)| *k).collect()
+    }
+
     pub fn is_done(&self) -> bool {
         matches!(self.stage, Stage::Done)
     }

@@ -3,42 +3,35 @@
 use anyhow::bail;
 use libp2p::PeerId;
 use nightshift_protocol::message::MAX_CHUNK_BYTES;
-use nightshift_protocol::{ContributionId, Hash32, Request, Response, StateSnapshot, wire};
+use nightshift_protocol::{Hash32, Request, Response, StateSnapshot, wire};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
-use super::{LOOKUP_TIMEOUT_SECS, SYNC_CHUNK_BYTES};
+use crate::machine::LOOKUP_MS;
 use crate::net::NetHandle;
 use crate::store::Store;
 
 /// Checkpoints `state` (whose hash is `hash`) to `store` and serves it in chunks, with one
-/// encoding for both, off the async threads; hands the state back.
+/// encoding for both, off the async threads.
 pub async fn checkpoint_and_serve(
     store: &Store,
     net: &NetHandle,
-    state: StateSnapshot,
+    state: Arc<StateSnapshot>,
     hash: Hash32,
-) -> StateSnapshot {
+) {
     let round = state.round;
-    let shared = std::sync::Arc::new(state);
-    let encoded = {
-        let s = shared.clone();
-        tokio::task::spawn_blocking(move || wire::encode(&*s))
-            .await
-            .ok()
-    };
-    // The encoding task held the only other reference, and has ended.
-    let state = std::sync::Arc::try_unwrap(shared).unwrap_or_else(|s| (*s).clone());
+    let encoded = tokio::task::spawn_blocking(move || wire::encode(&*state))
+        .await
+        .ok();
     let Some(bytes) = encoded else {
         warn!("cannot encode the state (shutting down?); not checkpointed");
-        return state;
+        return;
     };
     if let Err(e) = store.save_encoded_checkpoint(round, &bytes) {
         warn!(error = %e, "cannot write checkpoint");
     }
-    net.served
-        .update(|s| s.set_state(hash, std::sync::Arc::new(bytes)));
-    state
+    net.served.update(|s| s.set_state(hash, Arc::new(bytes)));
 }
 
 /// The checkpoint before `state`, when still on disk: the base from which a preferred fork of
@@ -46,26 +39,22 @@ pub async fn checkpoint_and_serve(
 ///
 /// # Errors
 /// On storage failure.
-pub(super) fn previous_checkpoint(
+pub fn previous_checkpoint(
     store: &Store,
     state: &StateSnapshot,
-) -> anyhow::Result<Option<(std::sync::Arc<StateSnapshot>, Hash32)>> {
+) -> anyhow::Result<Option<StateSnapshot>> {
     if state.round == 0 {
         return Ok(None);
     }
     Ok(store
         .checkpoint_at(state.round - 1)?
-        .filter(|p| p.params.len() == state.params.len())
-        .map(|p| {
-            let h = p.hash();
-            (std::sync::Arc::new(p), h)
-        }))
+        .filter(|p| p.params.len() == state.params.len()))
 }
 
+/// Size of one state chunk asked for when syncing.
+const SYNC_CHUNK_BYTES: u32 = 1 << 20;
 /// Holders asked for chunks of one state before the download gives up.
 const MAX_HOLDERS_ASKED: usize = 8;
-/// The longest a state download may take.
-const STATE_DOWNLOAD_SECS: u64 = 1800;
 
 /// Downloads the encoded state `hash` of `round` (a model of `num_params` parameters) in chunks
 /// from `holders` (moving to the next holder when one fails), resuming a partial download left
@@ -83,11 +72,10 @@ pub async fn fetch_state(
     holders: &[PeerId],
     round: u64,
     hash: Hash32,
-    formed_by: &[ContributionId],
 ) -> anyhow::Result<(StateSnapshot, PeerId, u64)> {
     // An encoded state: round, two f32 vectors, and `formed_by` (at most one id per member).
     let max_total = (8 * num_params + 66 * 65_536 + 1024) as u64;
-    let until = Instant::now() + Duration::from_secs(STATE_DOWNLOAD_SECS);
+    let until = Instant::now() + Duration::from_millis(crate::machine::STATE_DOWNLOAD_MS);
     let mut buf = store.download(&hash.0).unwrap_or_default();
     if !buf.is_empty() {
         info!(
@@ -105,10 +93,13 @@ pub async fn fetch_state(
                 break 'peers;
             }
             if Instant::now() >= until {
-                bail!("the state download took longer than {STATE_DOWNLOAD_SECS} s");
+                bail!(
+                    "the state download took longer than {} s",
+                    crate::machine::STATE_DOWNLOAD_MS / 1000
+                );
             }
             let r = tokio::time::timeout(
-                Duration::from_secs(LOOKUP_TIMEOUT_SECS * 6),
+                Duration::from_millis(6 * LOOKUP_MS),
                 net.request(
                     peer,
                     Request::GetStateChunk {
@@ -160,8 +151,6 @@ pub async fn fetch_state(
         bail!("the download stopped at {} of {t} bytes", buf.len());
     }
     let n = num_params;
-    let mut expected = formed_by.to_vec();
-    expected.sort_unstable();
     let checked = tokio::task::spawn_blocking(move || {
         let s: StateSnapshot = wire::decode(&buf, max_total as usize)
             .map_err(|e| anyhow::anyhow!("the downloaded state does not decode: {e}"))?;
@@ -175,11 +164,6 @@ pub async fn fetch_state(
                 got.short(),
                 hash.short()
             );
-        }
-        let mut listed = s.formed_by.clone();
-        listed.sort_unstable();
-        if listed != expected {
-            bail!("the downloaded state lists other contributions than the attested one");
         }
         Ok(s)
     })

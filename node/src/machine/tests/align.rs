@@ -313,3 +313,18 @@ fn a_fork_formed_by_more_contributions_replaces_ours_by_replay_from_the_state_be
     ));
     assert_eq!((m.round(), m.hash()), (1, their_hash));
 }
+
+#[test]
+fn the_budget_follows_the_median_node_not_the_slowest() {
+    use crate::machine::align::round_budget;
+    // Three nodes at 1000 tokens/s and one at 100: the slow one must not set the pace.
+    assert_eq!(
+        round_budget(vec![1000.0, 100.0, 1000.0, 1000.0], 10_000.0),
+        Some(15_000)
+    );
+    // The slow node gets the same 15 s: it trains 1,500 of its 10,000 tokens, and its
+    // contribution (weighted by those tokens) arrives in time. One speed, or none usable: no
+    // budget.
+    assert!(round_budget(vec![1000.0], 10_000.0).is_none());
+    assert!(round_budget(vec![f64::NAN, 0.0, 500.0], 10_000.0).is_none());
+}

@@ -1,0 +1,263 @@
+//! The network side of a node's round machine, shared by the trainer and the bootstrap node:
+//! what the network saw becomes the machine's [`Input`]s, and the machine's network
+//! [`Output`]s — announce, serve, ask, push, fetch, hold — are carried out on libp2p. Requests
+//! run as tasks of their own; their answers come back to the node's loop as inputs.
+
+use ed25519_dalek::SigningKey;
+use libp2p::PeerId;
+use nightshift_protocol::{Hash32, Request, Response, SignedEnvelope, sign_status};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::machine::{FETCH_TIMEOUT_MS, Input, Key, LOOKUP_MS, Output};
+use crate::net::{self, NetEvent, NetHandle, StatusCheck, peer_id_of, public_key_of};
+use crate::store::Store;
+
+/// Carries a machine's network outputs out and turns network events into its inputs.
+pub struct NetIo {
+    pub net: NetHandle,
+    key: SigningKey,
+    swarm_id: Hash32,
+    check: StatusCheck,
+    store: Store,
+    num_params: usize,
+    /// Answers of requests under way come back to the node's loop here.
+    answers: mpsc::UnboundedSender<Input>,
+    /// Peers with an open connection, as the machine was told.
+    connected: HashSet<Key>,
+    /// Our signed status as last served.
+    served_status: Option<Arc<SignedEnvelope>>,
+    /// The last push to our peers, and when it began: how long it took is the round's
+    /// transfer time.
+    pub push: Option<(Instant, JoinHandle<Duration>)>,
+}
+
+impl NetIo {
+    /// The network side of a node; answers to its requests are sent to `answers`.
+    pub fn new(
+        net: NetHandle,
+        key: SigningKey,
+        check: StatusCheck,
+        store: Store,
+        num_params: usize,
+        answers: mpsc::UnboundedSender<Input>,
+    ) -> Self {
+        NetIo {
+            net,
+            key,
+            swarm_id: check.swarm_id(),
+            check,
+            store,
+            num_params,
+            answers,
+            connected: HashSet::new(),
+            served_status: None,
+            push: None,
+        }
+    }
+
+    /// The machine's inputs for one network event (a peer whose key cannot be read is ignored:
+    /// every nightshift peer id embeds its ed25519 key).
+    pub fn inputs_of(&mut self, ev: NetEvent) -> Vec<Input> {
+        let key = |p: &PeerId| public_key_of(p);
+        match ev {
+            NetEvent::ContributionPushed { peer, envelope, .. } => key(&peer)
+                .map(|from| Input::Contribution {
+                    from,
+                    envelope: Arc::new(envelope),
+                })
+                .into_iter()
+                .collect(),
+            NetEvent::StatusAnnounced { peer, status } => {
+                let Some(from) = key(&peer) else {
+                    return vec![];
+                };
+                // A peer can only announce over a connection: one we were not told of yet is
+                // connected now.
+                let mut out = vec![];
+                if self.connected.insert(from) {
+                    out.push(Input::Connected(from));
+                }
+                out.push(Input::Status { from, status });
+                out
+            }
+            NetEvent::PeerConnected(peer) => match key(&peer) {
+                Some(k) if self.connected.insert(k) => vec![Input::Connected(k)],
+                _ => vec![],
+            },
+            NetEvent::PeerDisconnected(peer) => match key(&peer) {
+                Some(k) => {
+                    self.connected.remove(&k);
+                    vec![Input::Disconnected(k)]
+                }
+                None => vec![],
+            },
+        }
+    }
+
+    /// Where answers to requests go (for the driver's own look-ups).
+    pub fn answers(&self) -> mpsc::UnboundedSender<Input> {
+        self.answers.clone()
+    }
+
+    /// Connected peers, as the machine knows them.
+    pub fn connected(&self) -> impl Iterator<Item = &Key> {
+        self.connected.iter()
+    }
+
+    fn signed(&self, mut status: nightshift_protocol::Status) -> Arc<SignedEnvelope> {
+        status.unix_ms = net::unix_ms();
+        Arc::new(sign_status(&self.key, self.swarm_id, &status))
+    }
+
+    /// Carries out `o` when it is a network output; hands any other back.
+    pub fn carry(&mut self, o: Output) -> Option<Output> {
+        let lookup = Duration::from_millis(LOOKUP_MS);
+        match o {
+            Output::Announce(status) => {
+                let env = self.signed(status);
+                self.served_status = Some(env.clone());
+                let peers: Vec<PeerId> = self.connected.iter().filter_map(peer_id_of).collect();
+                self.net.announce_status(env, peers, lookup);
+            }
+            Output::Serve(status) => {
+                let env = self.signed(status);
+                self.served_status = Some(env.clone());
+                self.net.served.update(|s| s.status = Some(env));
+            }
+            Output::Greet(k) => {
+                if let (Some(env), Some(p)) = (self.served_status.clone(), peer_id_of(&k)) {
+                    self.net.announce_status(env, [p], lookup);
+                }
+            }
+            Output::AskStatuses(keys) => self.ask_statuses(keys),
+            Output::Push { to, envelope } => {
+                let peers: Vec<PeerId> = to.iter().filter_map(peer_id_of).collect();
+                let net = self.net.clone();
+                let t0 = Instant::now();
+                let env = (*envelope).clone();
+                let task = tokio::spawn(async move {
+                    let sends = peers.into_iter().map(|p| {
+                        let net = net.clone();
+                        let env = env.clone();
+                        async move { net.request(p, Request::Push(env)).await }
+                    });
+                    futures::future::join_all(sends).await;
+                    t0.elapsed()
+                });
+                self.push = Some((t0, task));
+            }
+            Output::Hold(env) => {
+                self.net.served.update(|s| {
+                    _ = s
+                        .contributions
+                        .insert((env.header.round, env.header.sender), env.clone())
+                });
+            }
+            Output::ForgetBefore(r) => {
+                self.net
+                    .served
+                    .update(|s| s.contributions.retain(|(round, _), _| *round >= r));
+            }
+            Output::Fetch {
+                from,
+                round,
+                sender,
+            } => self.fetch(from, round, sender),
+            Output::FetchState { from, round, hash } => self.fetch_state(from, round, hash),
+            other => return Some(other),
+        }
+        None
+    }
+
+    /// Asks `keys` for their statuses; each answers with [`Input::StatusAnswer`] (`None` when it
+    /// did not, or its status did not check).
+    pub fn ask_statuses(&self, keys: Vec<Key>) {
+        let net = self.net.clone();
+        let check = self.check.clone();
+        let answers = self.answers.clone();
+        tokio::spawn(async move {
+            let peers: Vec<PeerId> = keys.iter().filter_map(peer_id_of).collect();
+            let got = net
+                .ask_statuses(peers, &check, Duration::from_millis(LOOKUP_MS))
+                .await;
+            let mut got: Vec<(Key, nightshift_protocol::Status)> = got
+                .into_iter()
+                .filter_map(|(p, s)| Some((public_key_of(&p)?, s)))
+                .collect();
+            for k in keys {
+                let status = got
+                    .iter()
+                    .position(|(g, _)| *g == k)
+                    .map(|i| got.swap_remove(i).1);
+                let _ = answers.send(Input::StatusAnswer { from: k, status });
+            }
+        });
+    }
+
+    /// Asks `from` for `sender`'s contribution to `round`. Only that very contribution counts as
+    /// an answer; anything else is as good as none.
+    fn fetch(&self, from: Key, round: u64, sender: Key) {
+        let net = self.net.clone();
+        let answers = self.answers.clone();
+        tokio::spawn(async move {
+            let got = match peer_id_of(&from) {
+                Some(p) => tokio::time::timeout(
+                    Duration::from_millis(FETCH_TIMEOUT_MS),
+                    net.request(p, Request::GetContribution { round, sender }),
+                )
+                .await
+                .ok()
+                .and_then(Result::ok),
+                None => None,
+            };
+            let input = match got {
+                Some(Response::Contribution(Some(env)))
+                    if env.header.sender == sender && env.header.round == round =>
+                {
+                    Input::Contribution {
+                        from,
+                        envelope: Arc::new(env),
+                    }
+                }
+                _ => Input::NotFound {
+                    from,
+                    round,
+                    sender,
+                },
+            };
+            let _ = answers.send(input);
+        });
+    }
+
+    /// Downloads the state `hash` of `round` from `from` (resumable, hash-checked chunks); the
+    /// machine checks it against the claim.
+    fn fetch_state(&self, from: Vec<Key>, round: u64, hash: Hash32) {
+        let net = self.net.clone();
+        let store = self.store.clone();
+        let answers = self.answers.clone();
+        let n = self.num_params;
+        tokio::spawn(async move {
+            let holders: Vec<PeerId> = from.iter().filter_map(peer_id_of).collect();
+            let input = match super::sync::fetch_state(&net, &store, n, &holders, round, hash).await
+            {
+                Ok((state, peer, bytes)) => match public_key_of(&peer) {
+                    Some(from) => Input::State {
+                        from,
+                        state: Arc::new(state),
+                        bytes,
+                    },
+                    None => Input::StateFailed { hash },
+                },
+                Err(e) => {
+                    tracing::warn!(round, hash = %hash.short(), error = %e, "state download failed");
+                    Input::StateFailed { hash }
+                }
+            };
+            let _ = answers.send(input);
+        });
+    }
+}

@@ -1,0 +1,348 @@
+//! What the machine asks of the trainer: inner steps on a blocking thread (stopping at a step
+//! boundary when the idle window closes, the round's budget runs out or the node shuts down),
+//! new states loaded, checkpointed and evaluated, and the round's record.
+
+use super::*;
+use crate::events::RoundRecord;
+use crate::machine::{How, Millis, NewState, Note, Trained};
+use nightshift_model::InnerReport;
+use nightshift_protocol::{StateSnapshot, delta};
+use tracing::debug;
+
+/// Training finished on its thread.
+pub(super) struct TrainDone<B: AutodiffBackend> {
+    compute: Compute<B>,
+    report: InnerReport,
+    /// θ after the steps (empty when none ran).
+    params: Vec<f32>,
+    secs: f64,
+    /// When training stopped, on both clocks (for the yield latency).
+    stopped_at: (Instant, SystemTime),
+    round: u64,
+    budget: bool,
+    /// The state given could not be loaded into the trainer.
+    failed: Option<String>,
+}
+
+/// The round under way, for its record.
+pub(super) struct RoundClock {
+    started: Instant,
+    traffic0: (u64, u64),
+    status0: u64,
+    /// How long turning the trained θ into a signed contribution took.
+    pub(super) encode_secs: f64,
+    /// When collecting began.
+    pub(super) collect_from: Option<Instant>,
+}
+
+impl<B: AutodiffBackend> Driver<B> {
+    /// Runs up to `steps` inner steps from `state` on a blocking thread (loading θ first when the
+    /// trainer holds another state; with a fresh inner optimizer when `fresh`).
+    pub(super) fn train(
+        &mut self,
+        state: Arc<StateSnapshot>,
+        hash: Hash32,
+        steps: u32,
+        budget_ms: Option<Millis>,
+        fresh: bool,
+    ) -> anyhow::Result<()> {
+        let round = state.round;
+        self.round = Some(RoundClock {
+            started: Instant::now(),
+            traffic0: self.io.net.traffic.snapshot(),
+            status0: self.io.net.traffic.status_sent(),
+            encode_secs: 0.0,
+            collect_from: None,
+        });
+        self.refresh_peer_windows();
+        let mut compute = self.compute.take().context("the trainer is busy")?;
+        self.sink.emit(&NodeEvent::Training { round, steps });
+        let reload = (fresh || self.loaded != hash).then_some(state);
+        self.loaded = hash;
+        let (stop, avail, tx) = (
+            self.stop.clone(),
+            self.avail.clone(),
+            self.trained_tx.clone(),
+        );
+        let budget = budget_ms.map(Duration::from_millis);
+        tokio::task::spawn_blocking(move || {
+            let t0 = Instant::now();
+            let c = &mut compute;
+            let failed = reload.and_then(|s| {
+                let r = if fresh {
+                    c.trainer.reset(&s.params)
+                } else {
+                    c.trainer.load_params(&s.params)
+                };
+                r.err().map(|e| e.to_string())
+            });
+            c.trainer.wake();
+            let report = c
+                .trainer
+                .train(&c.corpus, &c.shard, &mut c.rng, steps, &|| {
+                    stop.load(Ordering::SeqCst)
+                        || !avail.load(Ordering::SeqCst)
+                        || budget.is_some_and(|b| t0.elapsed() >= b)
+                });
+            let stopped_at = (Instant::now(), SystemTime::now());
+            let secs = t0.elapsed().as_secs_f64();
+            let params = if report.steps > 0 {
+                c.trainer.params()
+            } else {
+                vec![]
+            };
+            if !avail.load(Ordering::SeqCst) {
+                // The owner wants the machine: free the device before waiting for the others.
+                c.trainer.suspend();
+            }
+            let _ = tx.send(TrainDone {
+                compute,
+                report,
+                params,
+                secs,
+                stopped_at,
+                round,
+                budget: budget.is_some(),
+                failed,
+            });
+        });
+        Ok(())
+    }
+
+    /// The trainer is back: what it did goes to the machine (and a yield to the events).
+    pub(super) fn on_trained(&mut self, done: TrainDone<B>) -> Option<Input> {
+        let TrainDone {
+            compute,
+            report,
+            params,
+            secs,
+            stopped_at,
+            round: r,
+            budget,
+            failed,
+        } = done;
+        self.compute = Some(compute);
+        if let Some(e) = failed {
+            warn!(round = r, error = %e, "θ does not fit the model");
+        }
+        let by_window = report.yielded && !self.available() && !self.shutting_down();
+        if by_window {
+            let closing = self.closing.lock().map(|c| *c).unwrap_or_default();
+            let latency = match (closing.scheduled, closing.seen) {
+                (Some(at), _) => stopped_at.1.duration_since(at).unwrap_or_default(),
+                (None, Some(seen)) => stopped_at.0.saturating_duration_since(seen),
+                (None, None) => Duration::ZERO,
+            };
+            let reason = self
+                .availability()
+                .map_or_else(|| "busy".into(), |a| a.reason);
+            info!(
+                round = r,
+                steps = report.steps,
+                latency_ms = latency.as_secs_f64() * 1e3,
+                "yielded at a step boundary"
+            );
+            self.sink.emit(&NodeEvent::Yielded {
+                round: r,
+                steps: report.steps,
+                tokens: report.tokens,
+                latency_ms: latency.as_secs_f64() * 1e3,
+                reason,
+            });
+        } else if report.yielded && budget && !self.shutting_down() {
+            info!(
+                round = r,
+                steps = report.steps,
+                "round time budget reached; sending a smaller contribution"
+            );
+        }
+        if report.steps > 0 && !by_window {
+            self.tokens_per_sec = Some(report.tokens as f64 / secs.max(1e-9));
+        }
+        Some(Input::Trained(Trained {
+            steps: report.steps,
+            tokens: report.tokens,
+            mean_loss: report.mean_loss,
+            params,
+            secs,
+            yielded: report.yielded,
+        }))
+    }
+
+    /// The node holds a new state: checkpoint and serve it, load it into the trainer, and say so.
+    pub(super) async fn new_state(&mut self, ns: NewState) -> anyhow::Result<()> {
+        let NewState { state, hash, how } = ns;
+        checkpoint_and_serve(&self.store, &self.io.net, state.clone(), hash).await;
+        let evaluate = matches!(how, How::Stepped(_));
+        let mut val_loss = f32::NAN;
+        if let Some(mut c) = self.compute.take() {
+            let s = state.clone();
+            let (c, loaded, v) = tokio::task::spawn_blocking(move || {
+                let loaded = c.trainer.load_params(&s.params).is_ok();
+                // A suspended trainer keeps the device free: no evaluation then.
+                let v = if evaluate && loaded && !c.trainer.is_suspended() {
+                    c.val_loss()
+                } else {
+                    f32::NAN
+                };
+                (c, loaded, v)
+            })
+            .await?;
+            self.compute = Some(c);
+            if loaded {
+                self.loaded = hash;
+            } else {
+                warn!(round = state.round, "the new state does not fit the model");
+            }
+            val_loss = v;
+        }
+        match how {
+            How::Stepped(s) => {
+                if s.step_scale < 1.0 {
+                    info!(
+                        round = s.round - 1,
+                        arrived = s.contributors,
+                        planned = s.planned,
+                        scale = s.step_scale,
+                        "short round: smaller step"
+                    );
+                }
+                let clock = self.round.take();
+                let traffic = self.io.net.traffic.snapshot();
+                let (sent, received, status) = clock.as_ref().map_or((0, 0, 0), |c| {
+                    (
+                        traffic.0 - c.traffic0.0,
+                        traffic.1 - c.traffic0.1,
+                        self.io.net.traffic.status_sent() - c.status0,
+                    )
+                });
+                let collect_secs = clock
+                    .as_ref()
+                    .and_then(|c| c.collect_from)
+                    .map_or(0.0, |t| t.elapsed().as_secs_f64());
+                let transfer_secs = match self.io.push.take() {
+                    Some((_, task)) if task.is_finished() => {
+                        task.await.map_or(0.0, |d| d.as_secs_f64())
+                    }
+                    Some((t0, _)) => t0.elapsed().as_secs_f64(),
+                    None => 0.0,
+                };
+                let rec = RoundRecord {
+                    round: s.round,
+                    state_hash: hash.to_hex(),
+                    val_loss,
+                    train_loss: s.train_loss,
+                    contributors: s.contributors,
+                    planned: s.planned,
+                    step_scale: s.step_scale,
+                    noise_ratio: s.noise,
+                    weights: s.weights.iter().map(|(k, t)| (short(k), *t)).collect(),
+                    tokens: s.tokens,
+                    tokens_per_sec: s.tokens as f64 / s.train_secs.max(1e-9),
+                    inner_steps: s.inner_steps,
+                    bytes_sent: sent,
+                    bytes_received: received,
+                    status_bytes_sent: status,
+                    dense_delta_bytes: delta::dense_bytes(self.num_params) as u64,
+                    wire_delta_bytes: s.wire_delta_bytes,
+                    codec: self.manifest.manifest.training.codec.to_string(),
+                    train_secs: s.train_secs,
+                    encode_secs: clock.as_ref().map_or(0.0, |c| c.encode_secs),
+                    transfer_secs,
+                    wait_secs: (collect_secs - transfer_secs).max(0.0),
+                    round_secs: clock.map_or(0.0, |c| c.started.elapsed().as_secs_f64()),
+                };
+                info!(round = s.round, val_loss, contributors = s.contributors, hash = %hash.short(), secs = rec.round_secs, "round completed");
+                self.sink.emit(&NodeEvent::RoundCompleted(rec));
+            }
+            How::Synced {
+                from,
+                reason,
+                verified,
+                bytes,
+                replaced,
+            } => {
+                info!(round = state.round, hash = %hash.short(), from = %peer_name(&from), reason, verified, "synced state from peer");
+                self.round = None;
+                self.sink.emit(&NodeEvent::Synced {
+                    round: state.round,
+                    state_hash: hash.to_hex(),
+                    from: peer_name(&from),
+                    reason: reason.into(),
+                    secs: self
+                        .syncing_since
+                        .map_or(0.0, |t| t.elapsed().as_secs_f64()),
+                    bytes,
+                    verified: verified.into(),
+                    replaced: replaced.map(|h| h.to_hex()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs a note, and emits the events users and tests watch.
+    pub(super) fn note(&mut self, note: Note) {
+        match note {
+            Note::Refused {
+                round,
+                from,
+                reason,
+            } => {
+                warn!(from = %peer_name(&from), round, %reason, "contribution refused");
+                self.sink.emit(&NodeEvent::Refused {
+                    round,
+                    from: peer_name(&from),
+                    reason,
+                });
+            }
+            Note::Rejected {
+                round,
+                hash,
+                reason,
+            } => {
+                warn!(round, hash = %hash.short(), %reason, "a claimed state did not verify; not adopting it")
+            }
+            Note::DeadlinePassed { round, missing } => {
+                warn!(
+                    round,
+                    missing, "round deadline passed; going on without them"
+                )
+            }
+            Note::Diverged {
+                round,
+                index,
+                in_a_row,
+            } => {
+                warn!(
+                    round,
+                    index,
+                    in_a_row,
+                    "local training went non-finite; dropping this round's work and restarting from θ"
+                );
+                self.sink.emit(&NodeEvent::Diverged {
+                    round,
+                    index: index as u64,
+                    in_a_row,
+                });
+            }
+            Note::Behind { round } => {
+                info!(round, "the swarm has moved on (attested); catching up")
+            }
+            Note::JoinedLate { round, budget_ms } => info!(
+                round,
+                secs = budget_ms as f64 / 1e3,
+                "joining the round under way for the time it has left"
+            ),
+            Note::WaitingForRoundEnd { round } => info!(
+                round,
+                "synced in the middle of a round; joining from the next one"
+            ),
+            Note::Stalled { round, times } => info!(
+                round,
+                times, "a better state did not verify yet; trying again before training alone"
+            ),
+            Note::Yielded { round } => debug!(round, "the window closed before the first step"),
+        }
+    }
+}
