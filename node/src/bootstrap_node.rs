@@ -237,8 +237,13 @@ impl Follower {
                         contributors = ns.state.formed_by.len(),
                         "following the swarm"
                     );
-                    crate::round::checkpoint_and_serve(&self.store, &self.io.net, ns.state, ns.hash)
-                        .await;
+                    crate::round::checkpoint_and_serve(
+                        &self.store,
+                        &self.io.net,
+                        ns.state,
+                        ns.hash,
+                    )
+                    .await;
                 }
                 Some(Output::Note(Note::Rejected {
                     round,

@@ -4,8 +4,8 @@
 //! - [`net`] — the swarm-owning event loop, its handle, and the wire codec.
 //! - [`machine`] — the round's rules as a pure state machine (no I/O, no clock): acceptance,
 //!   aggregation, verification by replay, the stages of a round; the simulator runs it.
-//! - [`round`] — the trainer: rounds, collection, reconciliation, outer step, over libp2p, sled
-//!   and burn.
+//! - [`round`] — the trainer: the driver that runs the machine over libp2p, sled and burn (and
+//!   the network side the bootstrap node shares).
 //! - [`bootstrap_node`] — the node others dial first.
 //! - [`store`] — sled: identity, manifest, checkpoints (pruned), resumable state downloads.
 //! - [`idle`] — idle detection: sources (NVML, schedule, CPU load, files, cycles, manual) and a

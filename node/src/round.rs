@@ -334,9 +334,6 @@ impl<B: AutodiffBackend> Driver<B> {
         }
         let avail = Arc::new(AtomicBool::new(true));
         let closing = Arc::new(Mutex::new(Closing::default()));
-        if let Some(rx) = opts.idle.clone() {
-            spawn_availability_watch(rx, avail.clone(), closing.clone());
-        }
         info!(swarm = %swarm_id.short(), peer = %net.local_peer, round = state.round, params = num_params, resumed, "trainer started");
         let val_loss = compute.val_loss();
         sink.emit(&NodeEvent::Started {
@@ -368,6 +365,9 @@ impl<B: AutodiffBackend> Driver<B> {
         }
         let (answers_tx, answers) = mpsc::unbounded_channel();
         let (trained_tx, trained_rx) = mpsc::unbounded_channel();
+        if let Some(rx) = opts.idle.clone() {
+            spawn_availability_watch(rx, avail.clone(), closing.clone(), answers_tx.clone());
+        }
         let io = NetIo::new(
             net,
             opts.key.clone(),
@@ -415,8 +415,8 @@ impl<B: AutodiffBackend> Driver<B> {
     async fn run(mut self) -> anyhow::Result<()> {
         let mut tick = tokio::time::interval(Duration::from_millis(TICK_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut idle = self.idle.clone();
         let mut shutdown = self.shutdown.clone();
+        // Later changes of the window come through `answers` (`spawn_availability_watch`).
         let open = self.available();
         let mut reason = self.feed(Input::Window(open)).await?;
         if reason.is_none() {
@@ -455,13 +455,6 @@ impl<B: AutodiffBackend> Driver<B> {
                     } else {
                         continue;
                     }
-                }
-                r = async { match idle.as_mut() { Some(rx) => rx.changed().await, None => std::future::pending().await } } => {
-                    if r.is_err() {
-                        idle = None;
-                        continue;
-                    }
-                    Input::Window(self.available())
                 }
             };
             reason = self.feed(input).await?;

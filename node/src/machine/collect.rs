@@ -2,7 +2,7 @@
 //! each verified before it counts, until every live peer's is in (and stays so for a moment) or
 //! the deadline passes.
 
-use super::accept::{Refusal, accept};
+use super::accept::accept;
 use super::*;
 
 /// A round's collection under way.
@@ -211,18 +211,11 @@ impl RoundMachine {
                 self.fetched(sender);
             }
             Err(e) => {
-                let late = env.header.round < round
-                    && matches!(
-                        e,
-                        Refusal::Verify(nightshift_protocol::VerifyError::WrongRound { .. })
-                    );
-                if !late {
-                    self.out.push(Output::Note(Note::Refused {
-                        round,
-                        from,
-                        reason: e.to_string(),
-                    }));
-                }
+                self.out.push(Output::Note(Note::Refused {
+                    round,
+                    from,
+                    reason: e.to_string(),
+                }));
             }
         }
     }

@@ -502,6 +502,10 @@ impl RoundMachine {
             }
             return;
         }
+        if self.phase == Phase::Paused {
+            // Back from a pause: peers may count on us again from now on.
+            self.announce(Phase::Ready);
+        }
         self.just_synced = false;
         self.stage = Stage::Aligning {
             until: now + ALIGN_WAIT_MS,

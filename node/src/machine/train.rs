@@ -111,11 +111,11 @@ impl RoundMachine {
             t,
             wire_delta_bytes,
         ));
+        // This round's early arrivals count now; the next round's stay stashed; one further on
+        // is refused (a node gets there only by syncing, and then fetches what it needs).
         for (from, env) in std::mem::take(&mut self.stash) {
-            if env.header.round == r {
+            if env.header.round >= r {
                 self.consider(from, env);
-            } else if env.header.round > r {
-                self.stash.push((from, env));
             }
         }
     }

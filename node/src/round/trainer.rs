@@ -289,7 +289,13 @@ impl<B: AutodiffBackend> Driver<B> {
                 from,
                 reason,
             } => {
-                warn!(from = %peer_name(&from), round, %reason, "contribution refused");
+                // One for a round already closed is common in an honest swarm (it came after
+                // the deadline): not worth a warning.
+                if reason.starts_with("envelope is for round") {
+                    debug!(from = %peer_name(&from), round, %reason, "late contribution refused");
+                } else {
+                    warn!(from = %peer_name(&from), round, %reason, "contribution refused");
+                }
                 self.sink.emit(&NodeEvent::Refused {
                     round,
                     from: peer_name(&from),

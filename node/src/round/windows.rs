@@ -8,12 +8,13 @@ use nightshift_protocol::message::sign_window;
 /// How often an unchanged window record is re-published.
 const WINDOW_REFRESH_SECS: u64 = 60;
 
-/// Follows the idle monitor: keeps `avail` current for the training thread and notes when a
-/// window closes (and when it was scheduled to).
+/// Follows the idle monitor: keeps `avail` current for the training thread, notes when a window
+/// closes (and when it was scheduled to), and tells the machine (`Input::Window`), after the flag.
 pub(super) fn spawn_availability_watch(
     mut rx: watch::Receiver<Availability>,
     avail: Arc<AtomicBool>,
     closing: Arc<Mutex<Closing>>,
+    machine: mpsc::UnboundedSender<Input>,
 ) {
     let first = rx.borrow_and_update().clone();
     avail.store(first.idle, Ordering::SeqCst);
@@ -35,6 +36,9 @@ pub(super) fn spawn_availability_watch(
             }
             if a.idle {
                 last_until = a.open_until;
+            }
+            if was != a.idle && machine.send(Input::Window(a.idle)).is_err() {
+                break;
             }
         }
     });

@@ -39,6 +39,12 @@ fn a_closed_window_pauses_and_an_open_one_resumes() {
     assert_eq!(m.stage(), "paused");
     assert_eq!(m.status().phase, Phase::Paused);
     let outs = m.handle(5_000, Input::Window(true));
+    // Back at once: peers count on it again before it has looked at them.
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Announce(s) if s.phase == Phase::Ready)),
+        "{outs:?}"
+    );
     let more = answer_asks(&mut m, 5_000, &outs, |_| {
         Some(status(0, g, Phase::Ready, 5_000))
     });

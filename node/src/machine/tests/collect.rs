@@ -222,3 +222,29 @@ fn peers_on_another_state_are_not_waited_for() {
     .expect("closed");
     assert!(at < T0 + 10_000, "waited until {at}");
 }
+
+#[test]
+fn contributions_that_came_before_training_count_or_are_refused_once_it_ends() {
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    // While the node still waits for its peers' statuses: peer 2's for this round, peer 3's for
+    // the next, and one from peer 2 for a round far ahead.
+    for (i, round, base) in [(2, 0, g), (3, 1, Hash32::of(&[b"next"])), (2, 7, g)] {
+        m.handle(
+            1,
+            Input::Contribution {
+                from: pk(i),
+                envelope: contribution(i, round, base, 0.2, 3),
+            },
+        );
+    }
+    assert_eq!(m.stash.len(), 3);
+    let outs = collecting(&mut m, &keys);
+    // This round's counts, the next round's waits, the far one is refused.
+    assert_eq!(m.status().holding.len(), 2, "{outs:?}");
+    assert_eq!(m.stash.len(), 1);
+    assert!(
+        matches!(notes(&outs)[..], [Note::Refused { round: 0, reason, .. }] if reason.contains("round 7")),
+        "{outs:?}"
+    );
+}
