@@ -145,7 +145,9 @@ struct Driver<B: AutodiffBackend> {
     m: RoundMachine,
     io: NetIo,
     events: mpsc::Receiver<NetEvent>,
-    /// Answers of the network requests under way.
+    /// Answers of the network requests under way. Unbounded, yet bounded by what we asked: only
+    /// our own request tasks, window look-ups and the idle watch send here (peers' messages come
+    /// through the network task's bounded channel), and the machine bounds its requests.
     answers: mpsc::UnboundedReceiver<Input>,
     /// Training finished on its thread: the trainer comes back with what it produced.
     trained_tx: mpsc::UnboundedSender<trainer::TrainDone<B>>,
