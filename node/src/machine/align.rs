@@ -181,7 +181,15 @@ impl RoundMachine {
         let mut have = BTreeMap::new();
         let mut asking = BTreeMap::new();
         for id in &claim.formed_by {
-            if let Some(env) = self.held_as(round, id) {
+            // One we hold, or one pushed to us early (the very one the claim names; the replay
+            // verifies it like any other).
+            let known = self.held_as(round, id).or_else(|| {
+                self.stash
+                    .iter()
+                    .find(|(_, e)| e.header.round == round && ContributionId::of(e) == *id)
+                    .map(|(_, e)| e.clone())
+            });
+            if let Some(env) = known {
                 have.insert(id.sender, env);
                 continue;
             }

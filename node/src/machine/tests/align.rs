@@ -334,3 +334,50 @@ fn the_budget_follows_the_median_node_not_the_slowest() {
     assert!(round_budget(vec![1000.0], 10_000.0).is_none());
     assert!(round_budget(vec![f64::NAN, 0.0, 500.0], 10_000.0).is_none());
 }
+
+#[test]
+fn a_contribution_pushed_early_serves_the_replay_without_a_fetch() {
+    let (mut m, _) = node(1);
+    let g = m.hash();
+    let a = contribution(2, 0, g, 0.2, 1);
+    let (next, _) = recipe()
+        .apply(
+            &genesis(),
+            &BTreeMap::from([(pk(2), accept::accept(&recipe().context(0, g), &a).unwrap())]),
+        )
+        .unwrap();
+    // Peer 2's contribution reaches us before we look at the swarm (we were syncing or waiting),
+    // then its status says that contribution formed θ(1).
+    m.handle(
+        1,
+        Input::Contribution {
+            from: pk(2),
+            envelope: a.clone(),
+        },
+    );
+    let ahead = |at: Millis| Status {
+        formed_by: vec![ContributionId::of(&a)],
+        ..status(1, next.hash(), Phase::Ready, at)
+    };
+    let first = m.handle(
+        T0,
+        Input::Status {
+            from: pk(2),
+            status: ahead(T0),
+        },
+    );
+    let outs = m.handle(T0 + 10, Input::Tick);
+    let more = answer_asks(&mut m, T0 + 10, &outs, |_| Some(ahead(T0 + 10)));
+    let all = [first, outs, more].concat();
+    // Replayed from what we had: nothing fetched (a lost fetch cannot strand us), θ(1) adopted.
+    assert!(
+        !all.iter().any(|o| matches!(o, Output::Fetch { .. })),
+        "{all:?}"
+    );
+    assert_eq!(
+        new_state(&all).map(|n| n.hash),
+        Some(next.hash()),
+        "{all:?}"
+    );
+    assert_eq!(m.round(), 1);
+}
