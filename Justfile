@@ -19,6 +19,10 @@ check:
 bench:
     bash scripts/bench.sh
 
+# Rewrite BENCHMARKS.md from the result files in docs/bench/ (`--check` compares instead).
+bench-page *ARGS:
+    python3 scripts/benchmarks.py {{ARGS}}
+
 # The lab's benchmarks and experiments (convergence, churn, byzantine, replay, report).
 lab *ARGS:
     cargo build --release -p nightshift-node -p nightshift-lab
