@@ -391,12 +391,13 @@ def page():
         table(["claim", "result", "command · commit"], [
             ["`nightshift demo` (bootstrap + 3 nodes, 12 rounds of 25, embedded corpus)",
              "**37.5 s** (median of 2), val loss 4.4333 → **2.0553**, 12 of 12 rounds agreed, "
-             "0 forks, peak RSS 304 MB. With the daemon running the round machine (0681802), one "
-             "run of the optimised debug build beside a busy CI build: 94.4 s, val loss "
-             "**2.0554** (one contribution cut to 24 of 25 steps by the round's time budget, a "
-             "timing effect), 12 of 12 agreed, 0 forks, 295 MB; a release timing is still to be "
-             "taken",
-             "`nightshift demo --dir D --report D/report.json` · 5d9a6a3"],
+             "0 forks, peak RSS 304 MB. The daemon on the round machine (60d7422) against the "
+             "driver before it (1f0bdf5), release builds, interleaved old/new/old/new on a busier "
+             "box: **62.1 s** against 59.5 s (medians of 2; 64.1 / 60.1 against 61.0 / 58.0 s, "
+             "1.04×), the same **2.0553**, 12 of 12 agreed, 0 forks, peak RSS 263–283 MiB "
+             "against 291–296 MiB",
+             "`nightshift demo --dir D --report D/report.json` · 5d9a6a3; before/after: "
+             "`docs/bench/demo-driver.txt`"],
             ["a contribution on the wire", "208.3 KiB at `int4:64` against 1.63 MiB as fp32 (8.0×)",
              "the demo's report"],
             ["signed statuses",
