@@ -443,10 +443,7 @@ impl<B: AutodiffBackend> Driver<B> {
                     None => bail!("the network task stopped"),
                 },
                 Some(i) = self.answers.recv() => i,
-                Some(done) = self.trained_rx.recv() => match self.on_trained(done) {
-                    Some(i) => i,
-                    None => continue,
-                },
+                Some(done) = self.trained_rx.recv() => self.on_trained(done),
                 _ = tick.tick() => {
                     self.on_tick().await;
                     Input::Tick

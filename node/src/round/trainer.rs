@@ -110,7 +110,7 @@ impl<B: AutodiffBackend> Driver<B> {
     }
 
     /// The trainer is back: what it did goes to the machine (and a yield to the events).
-    pub(super) fn on_trained(&mut self, done: TrainDone<B>) -> Option<Input> {
+    pub(super) fn on_trained(&mut self, done: TrainDone<B>) -> Input {
         let TrainDone {
             compute,
             report,
@@ -159,14 +159,14 @@ impl<B: AutodiffBackend> Driver<B> {
         if report.steps > 0 && !by_window {
             self.tokens_per_sec = Some(report.tokens as f64 / secs.max(1e-9));
         }
-        Some(Input::Trained(Trained {
+        Input::Trained(Trained {
             steps: report.steps,
             tokens: report.tokens,
             mean_loss: report.mean_loss,
             params,
             secs,
             yielded: report.yielded,
-        }))
+        })
     }
 
     /// The node holds a new state: checkpoint and serve it, load it into the trainer, and say so.
