@@ -15,12 +15,13 @@ use clap::Args;
 use ed25519_dalek::SigningKey;
 use nightshift_node::machine::Config;
 use nightshift_node::machine::rules::Recipe;
-use nightshift_protocol::{Aggregator, DeltaCodec, Hash32, Manifest};
+use nightshift_protocol::{DeltaCodec, Hash32, Manifest};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
+use trainer::Model;
 
 use crate::results::commit_here;
 use world::World;
@@ -43,6 +44,11 @@ pub struct SimArgs {
     #[arg(long)]
     #[serde(skip)]
     pub json: Option<PathBuf>,
+    /// What the nodes train: `quadratic` (the stand-in, `--params` wide) or a preset of the real
+    /// GPT (`tiny`, `small`, ...) on the embedded corpus, for a few nodes.
+    #[arg(long, default_value = "quadratic")]
+    #[serde(default = "quadratic")]
+    pub model: String,
     /// Parameters of the stand-in model.
     #[arg(long, default_value_t = 1024)]
     pub params: usize,
@@ -95,6 +101,11 @@ pub struct SimArgs {
     /// a node cannot catch up).
     #[arg(long)]
     pub private: bool,
+    /// How a round's contributions are combined (`mean`, `cclip:...`, `trimmed:...`); the
+    /// default is `swarm init`'s.
+    #[arg(long, default_value = "cclip:1:3")]
+    #[serde(default = "default_aggregator")]
+    pub aggregator: String,
     /// Contribution codec.
     #[arg(long, default_value = "int4:64", value_parser = parse_codec)]
     #[serde(with = "codec_str")]
@@ -102,6 +113,14 @@ pub struct SimArgs {
     /// Stop after this much virtual time even if nodes have rounds left.
     #[arg(long, default_value_t = 7200)]
     pub max_virtual_secs: u64,
+}
+
+fn default_aggregator() -> String {
+    "cclip:1:3".into()
+}
+
+fn quadratic() -> String {
+    "quadratic".into()
 }
 
 fn parse_codec(s: &str) -> Result<DeltaCodec, String> {
@@ -179,10 +198,12 @@ fn secrets(n: usize, seed: u64) -> Vec<[u8; 32]> {
 }
 
 /// The machines' settings, as a manifest with `args`' settings would give them.
-fn template(args: &SimArgs, keys: &[[u8; 32]]) -> Config {
+fn template(args: &SimArgs, keys: &[[u8; 32]], model: &Model) -> Config {
     let (trainers, bootstraps) = keys.split_at(args.nodes);
     let allowlist = args.private.then(|| trainers.to_vec());
     let members = allowlist.as_ref().map_or(0, Vec::len);
+    let (outer_lr, outer_momentum, default) = model.outer();
+    let aggregator = args.aggregator.parse().unwrap_or(default);
     let recipe = Recipe {
         swarm_id: Hash32::of(&[b"nightshift-sim", &args.seed.to_le_bytes()]),
         allowlist,
@@ -192,20 +213,20 @@ fn template(args: &SimArgs, keys: &[[u8; 32]]) -> Config {
         } else {
             0
         },
-        num_params: args.params,
-        shapes: Arc::new(vec![vec![args.params]]),
+        num_params: model.num_params(),
+        shapes: Arc::new(model.shapes()),
         codec: args.codec,
-        max_tokens: u64::from(args.inner_steps) * TOKENS_PER_STEP,
-        aggregator: Aggregator::ROBUST,
-        outer_lr: 0.7,
-        outer_momentum: 0.7,
+        max_tokens: u64::from(args.inner_steps) * model.tokens_per_step(),
+        aggregator,
+        outer_lr,
+        outer_momentum,
     };
     Config {
         key: SigningKey::from_bytes(&[0; 32]),
         recipe: Arc::new(recipe),
         inner_steps: args.inner_steps,
         round_deadline_ms: args.deadline_secs * 1000,
-        round_tokens: f64::from(args.inner_steps) * TOKENS_PER_STEP as f64,
+        round_tokens: f64::from(args.inner_steps) * model.tokens_per_step() as f64,
         // As `nightshift run` does: wait for one peer (a restarted node learns where the swarm is).
         min_peers: usize::from(args.nodes > 1),
         rounds: Some(args.rounds),
@@ -222,13 +243,18 @@ fn median(mut v: Vec<u64>) -> u64 {
 }
 
 /// Runs one simulation.
-pub fn simulate(args: &SimArgs) -> SimResult {
+///
+/// # Errors
+/// When `--model` names no preset of the real GPT.
+pub fn simulate(args: &SimArgs) -> anyhow::Result<SimResult> {
     let secrets = secrets(args.nodes + args.bootstraps, args.seed);
     let keys: Vec<[u8; 32]> = secrets
         .iter()
         .map(|s| SigningKey::from_bytes(s).verifying_key().to_bytes())
         .collect();
-    let mut world = World::new(args, args.seed, template(args, &keys), &secrets);
+    let model = Model::new(&args.model, args.params, args.nodes, args.seed)?;
+    let config = template(args, &keys, &model);
+    let mut world = World::new(args, args.seed, config, &secrets, model);
     world.run(args.max_virtual_secs * 1000);
     if std::env::var_os("NIGHTSHIFT_SIM_DUMP").is_some() {
         eprint!("{}", world.dump());
@@ -262,7 +288,7 @@ pub fn simulate(args: &SimArgs) -> SimResult {
             prev_at = at;
         }
     }
-    SimResult {
+    Ok(SimResult {
         commit: commit_here(),
         config: args.clone(),
         rounds: rows,
@@ -274,7 +300,7 @@ pub fn simulate(args: &SimArgs) -> SimResult {
             states_synced: world.synced,
             failures: world.failures.clone(),
         },
-    }
+    })
 }
 
 /// `nightshift-lab sim`: runs, prints a table, writes the JSON.
@@ -284,6 +310,9 @@ pub fn simulate(args: &SimArgs) -> SimResult {
 pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.nodes >= 1, "--nodes must be at least 1");
     anyhow::ensure!(args.params >= 1, "--params must be at least 1");
+    args.aggregator
+        .parse::<nightshift_protocol::Aggregator>()
+        .map_err(|e| anyhow::anyhow!("--aggregator {}: {e}", args.aggregator))?;
     anyhow::ensure!(
         (0.0..1.0).contains(&args.loss),
         "--loss is a probability below 1"
@@ -293,7 +322,7 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         "bandwidths and --step-ms must be positive"
     );
     let t0 = std::time::Instant::now();
-    let result = simulate(&args);
+    let result = simulate(&args)?;
     let wall = t0.elapsed().as_secs_f64();
     println!(
         "{:>5} {:>6} {:>6} {:>6} {:>12} {:>12} {:>12} {:>9} {:>9}",
@@ -316,7 +345,7 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
     let s = &result.summary;
     let node_rounds: usize = result.rounds.iter().map(|r| r.nodes_completed).sum();
     println!(
-        "{} of {} nodes finished; {:.0} virtual s in {:.1} s wall; {} node-rounds, {:.0} node-rounds/s; {} inputs; {} crashes; {} states synced",
+        "{} of {} nodes finished; {:.0} virtual s in {:.1} s wall; {} node-rounds, {:.1} node-rounds/s; {} inputs; {} crashes; {} states synced",
         s.nodes_finished,
         args.nodes,
         s.virtual_secs,

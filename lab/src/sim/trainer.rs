@@ -1,8 +1,15 @@
-//! The simulator's stand-in for the model: a noisy quadratic, cheap enough that a thousand
-//! nodes train on one machine. Each inner step is SGD on ½‖θ − θ*‖² with a gradient noise of
-//! unit variance per coordinate (a minibatch's), so local steps drift apart as real workers' do
-//! and the outer step's averaging matters. The codecs, signatures, aggregation and outer step
-//! around it are the real ones.
+//! What the simulated nodes train: by default a stand-in, a noisy quadratic cheap enough that a
+//! thousand nodes train on one machine (each inner step is SGD on ½‖θ − θ*‖² with a gradient
+//! noise of unit variance per coordinate, a minibatch's, so local steps drift apart as real
+//! workers' do and the outer step's averaging matters); with `--model PRESET`, the real GPT of
+//! that preset on the embedded corpus, each node with its own burn trainer (AdamW/Muon state kept
+//! across rounds, as a daemon's is), for a few nodes. The codecs, signatures, aggregation and
+//! outer step around either are the real ones.
+
+use crate::convergence::Setup;
+use nightshift_model::InnerTrainer;
+use nightshift_model::backend::CpuTrain;
+use nightshift_protocol::Hash32;
 
 use nightshift_protocol::StateSnapshot;
 use rand::{Rng, SeedableRng};
@@ -13,15 +20,183 @@ const LR: f32 = 0.05;
 /// Standard deviation of each coordinate's gradient noise.
 const NOISE: f32 = 1.0;
 
-pub struct Objective {
+/// The model the nodes train.
+pub enum Model {
+    Quadratic(Quadratic),
+    Gpt(Box<Gpt>),
+}
+
+/// What one node's inner steps produced.
+pub struct Steps {
+    pub params: Vec<f32>,
+    pub mean_loss: f32,
+    pub tokens: u64,
+}
+
+impl Model {
+    /// `--model`: `quadratic` (with `params` parameters) or a preset of the real GPT.
+    pub fn new(name: &str, params: usize, nodes: usize, seed: u64) -> anyhow::Result<Self> {
+        if name == "quadratic" {
+            return Ok(Model::Quadratic(Quadratic::new(params, seed)));
+        }
+        Ok(Model::Gpt(Box::new(Gpt::new(name, nodes)?)))
+    }
+
+    pub fn genesis(&self) -> StateSnapshot {
+        match self {
+            Model::Quadratic(q) => q.genesis(),
+            Model::Gpt(g) => g.genesis(),
+        }
+    }
+
+    pub fn num_params(&self) -> usize {
+        match self {
+            Model::Quadratic(q) => q.target.len(),
+            Model::Gpt(g) => g.setup.genesis.len(),
+        }
+    }
+
+    /// Shape of every parameter tensor, in flat order (what the low-rank codec reads).
+    pub fn shapes(&self) -> Vec<Vec<usize>> {
+        match self {
+            Model::Quadratic(q) => vec![vec![q.target.len()]],
+            Model::Gpt(g) => g.setup.shapes.clone(),
+        }
+    }
+
+    /// Tokens of one inner step.
+    pub fn tokens_per_step(&self) -> u64 {
+        match self {
+            Model::Quadratic(_) => crate::sim::TOKENS_PER_STEP,
+            Model::Gpt(g) => g.setup.tokens_per_step(),
+        }
+    }
+
+    /// The swarm's outer step and aggregator: the defaults of `swarm init`.
+    pub fn outer(&self) -> (f32, f32, nightshift_protocol::Aggregator) {
+        match self {
+            Model::Quadratic(_) => (0.7, 0.7, nightshift_protocol::Aggregator::ROBUST),
+            Model::Gpt(g) => (g.setup.outer_lr, g.setup.outer_momentum, g.setup.aggregator),
+        }
+    }
+
+    pub fn val_loss(&mut self, params: &[f32]) -> f32 {
+        match self {
+            Model::Quadratic(q) => q.val_loss(params),
+            Model::Gpt(g) => g.val_loss(params),
+        }
+    }
+
+    /// Node `node`'s `steps` inner steps from `state`.
+    pub fn train(
+        &mut self,
+        node: usize,
+        state: &StateSnapshot,
+        steps: u32,
+        rng: &mut ChaCha8Rng,
+    ) -> Steps {
+        match self {
+            Model::Quadratic(q) => {
+                let mut params = state.params.clone();
+                let mean_loss = q.train(&mut params, steps, rng);
+                Steps {
+                    params,
+                    mean_loss,
+                    tokens: u64::from(steps) * crate::sim::TOKENS_PER_STEP,
+                }
+            }
+            Model::Gpt(g) => g.train(node, state, steps, rng),
+        }
+    }
+}
+
+/// The real GPT: one burn trainer per node (created when it first trains), one for evaluation.
+pub struct Gpt {
+    setup: Setup,
+    /// Each node's trainer and the state whose θ it holds.
+    trainers: Vec<Option<(InnerTrainer<CpuTrain>, Hash32)>>,
+    eval: InnerTrainer<CpuTrain>,
+}
+
+impl Gpt {
+    fn new(preset: &str, nodes: usize) -> anyhow::Result<Self> {
+        let settings = nightshift_bootstrap::SwarmSettings {
+            preset: preset.into(),
+            ..nightshift_bootstrap::SwarmSettings::default()
+        };
+        let mut setup = Setup::from_settings(&settings, 8)?;
+        // Every node samples the whole training split, as `run` and the demo do.
+        setup.contiguous_shards = false;
+        let eval = setup.trainer(1)?;
+        Ok(Gpt {
+            setup,
+            trainers: (0..nodes).map(|_| None).collect(),
+            eval,
+        })
+    }
+
+    fn genesis(&self) -> StateSnapshot {
+        let n = self.setup.genesis.len();
+        StateSnapshot {
+            round: 0,
+            params: self.setup.genesis.clone(),
+            momentum: vec![0.0; n],
+            formed_by: vec![],
+            noise: None,
+        }
+    }
+
+    fn val_loss(&mut self, params: &[f32]) -> f32 {
+        if self.eval.load_params(params).is_err() {
+            return f32::NAN;
+        }
+        self.setup.val_loss(&mut self.eval)
+    }
+
+    fn train(
+        &mut self,
+        node: usize,
+        state: &StateSnapshot,
+        steps: u32,
+        rng: &mut ChaCha8Rng,
+    ) -> Steps {
+        let hash = state.hash();
+        if self.trainers[node].is_none() {
+            self.trainers[node] = self.setup.trainer(1).ok().map(|t| (t, Hash32::default()));
+        }
+        let Some((t, loaded)) = self.trainers[node].as_mut() else {
+            // The model was built once already (for evaluation); a trainer that cannot be is a
+            // node that trains nothing.
+            return Steps {
+                params: state.params.clone(),
+                mean_loss: f32::NAN,
+                tokens: 0,
+            };
+        };
+        // As the daemon's driver: load θ only when the trainer holds another state (the inner
+        // optimizer's state carries over).
+        if *loaded != hash && t.load_params(&state.params).is_ok() {
+            *loaded = hash;
+        }
+        let shard = self.setup.corpus.full_shard();
+        let rep = t.train(&self.setup.corpus, &shard, rng, steps, &|| false);
+        Steps {
+            params: t.params(),
+            mean_loss: rep.mean_loss,
+            tokens: rep.tokens,
+        }
+    }
+}
+
+pub struct Quadratic {
     target: Vec<f32>,
 }
 
-impl Objective {
+impl Quadratic {
     /// θ* drawn uniformly from [−1, 1]^params by `seed`.
     pub fn new(params: usize, seed: u64) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x007A_26E7);
-        Objective {
+        Quadratic {
             target: (0..params)
                 .map(|_| rng.random_range(-1.0f32..1.0))
                 .collect(),

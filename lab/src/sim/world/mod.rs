@@ -16,7 +16,7 @@ use super::SimArgs;
 
 mod net;
 mod outputs;
-use super::trainer::Objective;
+use super::trainer::Model;
 
 /// Bytes a signed envelope adds to its payload (header, signature, framing).
 const ENVELOPE_BYTES: u64 = 180;
@@ -109,7 +109,7 @@ pub struct World {
     free: Vec<usize>,
     seq: u64,
     rng: ChaCha8Rng,
-    objective: Objective,
+    model: Model,
     template: Config,
     /// Validation loss of each state hash seen.
     losses: HashMap<Hash32, f32>,
@@ -135,13 +135,18 @@ fn splitmix(mut x: u64) -> u64 {
 }
 
 impl World {
-    pub fn new(args: &SimArgs, seed: u64, template: Config, secrets: &[[u8; 32]]) -> Self {
+    pub fn new(
+        args: &SimArgs,
+        seed: u64,
+        template: Config,
+        secrets: &[[u8; 32]],
+        mut model: Model,
+    ) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let n = args.nodes;
-        let objective = Objective::new(args.params, seed);
-        let genesis = Arc::new(objective.genesis());
+        let genesis = Arc::new(model.genesis());
         let genesis_hash = genesis.hash();
-        let genesis_loss = objective.val_loss(&genesis.params);
+        let genesis_loss = model.val_loss(&genesis.params);
         let mut nodes: Vec<Node> = (0..n)
             .map(|i| {
                 let secret = secrets[i];
@@ -249,7 +254,7 @@ impl World {
             free: vec![],
             seq: 0,
             rng,
-            objective,
+            model,
             template,
             losses: HashMap::from([(genesis_hash, genesis_loss)]),
             args: args.clone(),

@@ -115,7 +115,7 @@ impl World {
                 }
                 h.last = Some(ns.hash);
                 if !self.losses.contains_key(&ns.hash) {
-                    let loss = self.objective.val_loss(&ns.state.params);
+                    let loss = self.model.val_loss(&ns.state.params);
                     self.losses.insert(ns.hash, loss);
                 }
                 if let How::Synced { .. } = ns.how {
@@ -135,8 +135,8 @@ impl World {
         }
     }
 
-    /// The stand-in trainer: `steps` SGD steps on the objective from `state`, within the budget;
-    /// the result arrives when the steps would have finished.
+    /// The node's inner steps from `state` (the model's, within the budget); the result arrives
+    /// when the steps would have finished at the node's simulated speed.
     pub(super) fn train(
         &mut self,
         i: usize,
@@ -146,16 +146,13 @@ impl World {
     ) {
         let step_ms = self.nodes[i].step_ms;
         let fit = budget_ms.map_or(steps, |b| ((b as f64 / step_ms) as u32).min(steps));
-        let mut params = state.params.clone();
-        let loss = self
-            .objective
-            .train(&mut params, fit, &mut self.nodes[i].rng);
+        let done = self.model.train(i, state, fit, &mut self.nodes[i].rng);
         let secs = fit as f64 * step_ms / 1000.0;
         let trained = Trained {
             steps: fit,
-            tokens: u64::from(fit) * crate::sim::TOKENS_PER_STEP,
-            mean_loss: loss,
-            params,
+            tokens: done.tokens,
+            mean_loss: done.mean_loss,
+            params: done.params,
             secs,
             yielded: fit < steps,
         };
