@@ -61,19 +61,21 @@ SEEDS = range(42, 47)
 
 # --- Training: DiLoCo against one worker and synchronous training --------------------------------
 
+def sync_baseline(s):
+    """The sync baseline of a seed: the better of its two warm-up settings that were run."""
+    files = [f"docs/bench/grid/thirteenth/sync-muon1-s{s}.json"]
+    files.append(
+        "docs/bench/grid/thirteenth/sync-muon1-3e-3-s42.json"
+        if s == 42
+        else f"docs/bench/grid/thirteenth/sync-muon1d-s{s}.json"
+    )
+    return min(one(f)["final_val_loss"] for f in files)
+
+
 def training_rows():
     rows = []
     diloco = {s: one(f"docs/bench/grid/sixteenth/h25-m07-whole-diloco-s{s}.json") for s in SEEDS}
-    # The sync baseline of a seed: the better of its two warm-up settings that were run.
-    def sync(s):
-        files = [f"docs/bench/grid/thirteenth/sync-muon1-s{s}.json"]
-        files.append(
-            "docs/bench/grid/thirteenth/sync-muon1-3e-3-s42.json"
-            if s == 42
-            else f"docs/bench/grid/thirteenth/sync-muon1d-s{s}.json"
-        )
-        return min(one(f)["final_val_loss"] for f in files)
-    ratios = [diloco[s]["final_val_loss"] / sync(s) for s in SEEDS]
+    ratios = [diloco[s]["final_val_loss"] / sync_baseline(s) for s in SEEDS]
     rows.append([
         "DiLoCo ends as low as synchronous training at equal tokens",
         "K = 4, T = 1000 per-worker steps, H = 25, momentum 0.7, every worker sampling the whole "
@@ -309,6 +311,35 @@ def sim_rows():
         + " / ".join(f"{m:,.0f}" for _, m in speed) + " MiB",
         "as above",
     ])
+    gpt = sorted(BENCH.glob("sim-gpt-small-k4-s*.json"))
+    if gpt:
+        seeds = [load(f"docs/bench/{f.name}")["config"]["seed"] for f in gpt]
+        finals = {s: load(f"docs/bench/sim-gpt-small-k4-s{s}.json")["rounds"][-1]["val_loss"]
+                  for s in seeds}
+        table_finals = {s: one(f"docs/bench/grid/sixteenth/h25-m07-whole-diloco-s{s}.json")
+                        ["final_val_loss"] for s in SEEDS}
+        sync = {s: sync_baseline(s) for s in seeds}
+        ratios = [finals[s] / sync[s] for s in seeds]
+        lo, hi = min(table_finals.values()), max(table_finals.values())
+        inside = sum(lo <= v <= hi for v in finals.values())
+        commits = sorted({load(f"docs/bench/{f.name}")["commit"][:7] for f in gpt})
+        rows.append([
+            "the real model through the simulator trains as `convergence` does",
+            "`--model small`, 4 nodes, full mesh, no loss, H = 25, 40 rounds (T = 1000), fp32, "
+            "`--aggregator mean`, the defaults' Muon and outer 0.7 / 0.7: the first row of the "
+            "training table, every node running the round machine",
+            f"seeds {', '.join(map(str, seeds))}: final loss "
+            + " / ".join(f"{finals[s]:.4f}" for s in seeds)
+            + f" (mean {statistics.mean(finals.values()):.4f}); {inside} of {len(seeds)} within the "
+            f"table's five-seed range {lo:.4f}–{hi:.4f} (mean "
+            f"{statistics.mean(table_finals.values()):.4f}); against the seed's sync "
+            f"{statistics.mean(ratios):.3f}× on the mean ({min(ratios):.3f}–{max(ratios):.3f}×) "
+            "where the table has 1.009×. `nightshift-lab convergence` itself does not drive the "
+            "simulator yet",
+            "`RAYON_NUM_THREADS=1 nightshift-lab sim --model small --nodes 4 --degree 4 --rounds "
+            "40 --codec fp32 --aggregator mean --speed-spread 0 --seed S` · "
+            + ", ".join(commits) + " · `docs/bench/sim-gpt-small-k4-s*.json`",
+        ])
     rows.append([
         "the rules hold under delays, loss, crashes and restarts",
         "64 swarms of 2–7 nodes drawn from a fixed seed, 8 rounds, private or open with one "
