@@ -83,7 +83,7 @@ impl RoundMachine {
                 let mut ask = vec![];
                 let mut gone = vec![];
                 for (sender, (holders, i, at)) in rp.asking.iter_mut() {
-                    if now >= *at + FETCH_TIMEOUT_MS {
+                    if now >= *at + REPLAY_FETCH_MS {
                         *i += 1;
                         *at = now;
                         match holders.get(*i) {
@@ -248,8 +248,28 @@ impl RoundMachine {
             _ => false,
         };
         if !wanted {
+            // The answer of the holder we asked, but another contribution than the claim names:
+            // that holder does not have it, so ask the next at once (a claim naming contributions
+            // nobody serves must not hold the node for a whole fetch time-out).
+            let asked = match &self.stage {
+                Stage::Verifying(Verifying {
+                    current: Some(Attempt::Replay(rp)),
+                    ..
+                }) => {
+                    env.header.round == rp.base.round
+                        && rp
+                            .asking
+                            .get(&env.header.sender)
+                            .is_some_and(|(holders, i, _)| holders.get(*i) == Some(&from))
+                }
+                _ => false,
+            };
+            let sender = env.header.sender;
             if env.header.round >= self.state.round {
                 self.stash_push(from, env);
+            }
+            if asked {
+                self.replay_not_found(now, from, sender);
             }
             return;
         }

@@ -59,6 +59,8 @@ pub const ALIGN_WAIT_MS: Millis = 10_000;
 pub const LOOKUP_MS: Millis = 5_000;
 /// How long one contribution fetch may take before the next holder is asked.
 pub const FETCH_TIMEOUT_MS: Millis = 20_000;
+/// How long one contribution fetch for a replay may take before the next holder is asked.
+pub const REPLAY_FETCH_MS: Millis = 10_000;
 /// How long a pushed contribution may take to arrive before it is fetched instead.
 pub const PUSH_GRACE_MS: Millis = 2_000;
 /// How long collection stays quiet (nobody missing) before it closes: one more look at the

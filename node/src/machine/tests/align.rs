@@ -381,3 +381,46 @@ fn a_contribution_pushed_early_serves_the_replay_without_a_fetch() {
     );
     assert_eq!(m.round(), 1);
 }
+
+#[test]
+fn a_holder_answering_with_another_contribution_than_the_claim_names_is_passed_over_at_once() {
+    let (mut m, _) = node(1);
+    let g = m.hash();
+    let named = contribution(2, 0, g, 0.2, 1);
+    let other = contribution(2, 0, g, 0.9, 1);
+    // Peer 2 claims θ(1) formed by a contribution of its own that it then does not serve.
+    let claim = Status {
+        formed_by: vec![ContributionId::of(&named)],
+        ..status(1, Hash32::of(&[b"claimed"]), Phase::Ready, T0)
+    };
+    let first = m.handle(
+        T0,
+        Input::Status {
+            from: pk(2),
+            status: claim.clone(),
+        },
+    );
+    let outs = m.handle(T0 + 10, Input::Tick);
+    let more = answer_asks(&mut m, T0 + 10, &outs, |_| Some(claim.clone()));
+    let all = [first, outs, more].concat();
+    assert!(
+        all.iter()
+            .any(|o| matches!(o, Output::Fetch { from, .. } if *from == pk(2))),
+        "{all:?}"
+    );
+    // Its answer is another contribution: the replay gives up now, not after a time-out.
+    let outs = m.handle(
+        T0 + 20,
+        Input::Contribution {
+            from: pk(2),
+            envelope: other,
+        },
+    );
+    assert!(
+        notes(&outs)
+            .iter()
+            .any(|n| matches!(n, Note::Rejected { .. })),
+        "{outs:?}"
+    );
+    assert_eq!(m.round(), 0);
+}
