@@ -92,12 +92,7 @@ fn a_state_ahead_is_adopted_only_once_it_replays() {
     let (mut m, _) = node(1);
     let g = m.hash();
     let a = contribution(2, 0, g, 0.2, 1);
-    let (next, _) = recipe()
-        .apply(
-            &genesis(),
-            &BTreeMap::from([(pk(2), accept::accept(&recipe().context(0, g), &a).unwrap())]),
-        )
-        .unwrap();
+    let next = formed_by_peer_two(g, &a);
     let ahead = |hash: Hash32, at: Millis| Status {
         formed_by: vec![ContributionId::of(&a)],
         ..status(1, hash, Phase::Ready, at)
@@ -340,12 +335,7 @@ fn a_contribution_pushed_early_serves_the_replay_without_a_fetch() {
     let (mut m, _) = node(1);
     let g = m.hash();
     let a = contribution(2, 0, g, 0.2, 1);
-    let (next, _) = recipe()
-        .apply(
-            &genesis(),
-            &BTreeMap::from([(pk(2), accept::accept(&recipe().context(0, g), &a).unwrap())]),
-        )
-        .unwrap();
+    let next = formed_by_peer_two(g, &a);
     // Peer 2's contribution reaches us before we look at the swarm (we were syncing or waiting),
     // then its status says that contribution formed θ(1).
     m.handle(

@@ -100,6 +100,15 @@ fn trained(v: f32) -> Trained {
     }
 }
 
+/// θ(1): genesis stepped with peer 2's contribution `a` (based on genesis, hash `g`) alone.
+fn formed_by_peer_two(g: Hash32, a: &SignedEnvelope) -> StateSnapshot {
+    let accepted = accept::accept(&recipe().context(0, g), a).unwrap();
+    recipe()
+        .apply(&genesis(), &BTreeMap::from([(pk(2), accepted)]))
+        .unwrap()
+        .0
+}
+
 /// A node (key 1) with `peers` (keys 2, 3, ...) connected, all at genesis and ready.
 fn node(peers: u8) -> (RoundMachine, Vec<Key>) {
     let mut m = RoundMachine::new(config(peers as usize), genesis());
