@@ -320,6 +320,7 @@ def sim_rows():
                         ["final_val_loss"] for s in SEEDS}
         sync = {s: sync_baseline(s) for s in seeds}
         ratios = [finals[s] / sync[s] for s in seeds]
+        same = [finals[s] / table_finals[s] for s in seeds]
         lo, hi = min(table_finals.values()), max(table_finals.values())
         inside = sum(lo <= v <= hi for v in finals.values())
         commits = sorted({load(f"docs/bench/{f.name}")["commit"][:7] for f in gpt})
@@ -332,7 +333,15 @@ def sim_rows():
             + " / ".join(f"{finals[s]:.4f}" for s in seeds)
             + f" (mean {statistics.mean(finals.values()):.4f}); {inside} of {len(seeds)} within the "
             f"table's five-seed range {lo:.4f}–{hi:.4f} (mean "
-            f"{statistics.mean(table_finals.values()):.4f}); against the seed's sync "
+            f"{statistics.mean(table_finals.values()):.4f})"
+            + (
+                ""
+                if inside == len(seeds)
+                else f", {sum(v < lo for v in finals.values())} below it (lower is better)"
+            )
+            + "; against the table's run of the same seed "
+            f"{statistics.mean(same):.4f}× on the mean ({min(same):.4f}–{max(same):.4f}×); "
+            "against the seed's sync "
             f"{statistics.mean(ratios):.3f}× on the mean ({min(ratios):.3f}–{max(ratios):.3f}×) "
             "where the table has 1.009×. `nightshift-lab convergence` itself does not drive the "
             "simulator yet",
