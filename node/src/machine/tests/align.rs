@@ -99,20 +99,7 @@ fn a_state_ahead_is_adopted_only_once_it_replays() {
     };
     // A made-up claim first: the same contributions, another hash. It does not replay.
     let fake = Hash32::of(&[b"made up"]);
-    let first = m.handle(
-        T0,
-        Input::Status {
-            from: pk(2),
-            status: ahead(fake, T0),
-        },
-    );
-    let outs = m.handle(T0 + 10, Input::Tick);
-    let outs = [
-        first,
-        answer_asks(&mut m, T0 + 10, &outs, |_| Some(ahead(fake, T0 + 10))),
-        outs,
-    ]
-    .concat();
+    let outs = peer_two_claims(&mut m, fake, &a);
     assert!(
         outs.iter().any(|o| matches!(o, Output::Fetch { .. })),
         "{outs:?}"
@@ -345,20 +332,7 @@ fn a_contribution_pushed_early_serves_the_replay_without_a_fetch() {
             envelope: a.clone(),
         },
     );
-    let ahead = |at: Millis| Status {
-        formed_by: vec![ContributionId::of(&a)],
-        ..status(1, next.hash(), Phase::Ready, at)
-    };
-    let first = m.handle(
-        T0,
-        Input::Status {
-            from: pk(2),
-            status: ahead(T0),
-        },
-    );
-    let outs = m.handle(T0 + 10, Input::Tick);
-    let more = answer_asks(&mut m, T0 + 10, &outs, |_| Some(ahead(T0 + 10)));
-    let all = [first, outs, more].concat();
+    let all = peer_two_claims(&mut m, next.hash(), &a);
     // Replayed from what we had: nothing fetched (a lost fetch cannot strand us), θ(1) adopted.
     assert!(
         !all.iter().any(|o| matches!(o, Output::Fetch { .. })),
@@ -379,20 +353,7 @@ fn a_holder_answering_with_another_contribution_than_the_claim_names_is_passed_o
     let named = contribution(2, 0, g, 0.2, 1);
     let other = contribution(2, 0, g, 0.9, 1);
     // Peer 2 claims θ(1) formed by a contribution of its own that it then does not serve.
-    let claim = Status {
-        formed_by: vec![ContributionId::of(&named)],
-        ..status(1, Hash32::of(&[b"claimed"]), Phase::Ready, T0)
-    };
-    let first = m.handle(
-        T0,
-        Input::Status {
-            from: pk(2),
-            status: claim.clone(),
-        },
-    );
-    let outs = m.handle(T0 + 10, Input::Tick);
-    let more = answer_asks(&mut m, T0 + 10, &outs, |_| Some(claim.clone()));
-    let all = [first, outs, more].concat();
+    let all = peer_two_claims(&mut m, Hash32::of(&[b"claimed"]), &named);
     assert!(
         all.iter()
             .any(|o| matches!(o, Output::Fetch { from, .. } if *from == pk(2))),

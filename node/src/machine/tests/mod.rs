@@ -109,6 +109,25 @@ fn formed_by_peer_two(g: Hash32, a: &SignedEnvelope) -> StateSnapshot {
         .0
 }
 
+/// Peer 2 says it holds θ(1) `hash`, formed by its contribution `a`; the node hears it at `T0`,
+/// looks at its peers (peer 2 answers with the same claim) and acts. Every output.
+fn peer_two_claims(m: &mut RoundMachine, hash: Hash32, a: &SignedEnvelope) -> Vec<Output> {
+    let claim = |at: Millis| Status {
+        formed_by: vec![ContributionId::of(a)],
+        ..status(1, hash, Phase::Ready, at)
+    };
+    let first = m.handle(
+        T0,
+        Input::Status {
+            from: pk(2),
+            status: claim(T0),
+        },
+    );
+    let outs = m.handle(T0 + 10, Input::Tick);
+    let more = answer_asks(m, T0 + 10, &outs, |_| Some(claim(T0 + 10)));
+    [first, outs, more].concat()
+}
+
 /// A node (key 1) with `peers` (keys 2, 3, ...) connected, all at genesis and ready.
 fn node(peers: u8) -> (RoundMachine, Vec<Key>) {
     let mut m = RoundMachine::new(config(peers as usize), genesis());
