@@ -509,6 +509,7 @@ impl<B: AutodiffBackend> Driver<B> {
                     fresh,
                 } => self.train(state, hash, steps, budget_ms, fresh)?,
                 Output::NewState(ns) => self.new_state(ns).await?,
+                Output::LookUpSpeeds(keys) => self.look_up_windows(keys),
                 Output::Note(note) => self.note(note),
                 Output::Finished(reason) => return Ok(Some(reason)),
                 Output::Failed(why) => bail!(why),

@@ -1,12 +1,12 @@
-//! `nightshift-lab convergence`: K DiLoCo replicas simulated in one process, through the same
-//! code the nodes run (the burn inner loop, `encode_delta` with error feedback, token-weighted
-//! `aggregate`, the Nesterov `OuterOptimizer`), against single-worker and synchronous baselines
-//! at equal tokens.
+//! `nightshift-lab convergence`: DiLoCo swarms of K nodes, each running the round machine the
+//! daemon runs, through the simulator ([`diloco`]), against single-worker and synchronous
+//! baselines at equal tokens.
 //!
 //! `sync` (K replicas averaging gradients every step) is run as one model on K·batch samples per
 //! step: the mean of K equal-size batches' mean-loss gradients is the gradient of the mean loss
 //! over their union, so the two are the same computation.
 
+mod diloco;
 mod report;
 mod setup;
 #[cfg(test)]
@@ -68,7 +68,8 @@ pub struct ConvergenceArgs {
         default_value = "fp32,fp16,int8:64,int4:64,topk:10,topk:30,lowrank:23:256"
     )]
     pub codecs: Vec<DeltaCodec>,
-    /// Probabilities of dropping each contribution.
+    /// Probabilities of losing each contribution: its node stops the moment its training of a
+    /// round ends and comes back at once, so the round goes on without it (`sim --drop`).
     #[arg(long, value_delimiter = ',', default_value = "0.3,0.5")]
     pub drop: Vec<f64>,
     /// T: the per-worker step budget.
@@ -94,21 +95,6 @@ pub struct ConvergenceArgs {
     /// split, each worker with its own random stream: what a node does unless given `--shard`).
     #[arg(long, default_value = "contiguous", value_parser = ["contiguous", "whole"])]
     pub shards: String,
-    /// Anneal the outer step: over the last this many rounds of every DiLoCo run the outer
-    /// learning rate falls linearly from `--outer-lr` to `--outer-lr-end` (reached in the last
-    /// round). 0 is off (what nodes do: a constant outer rate).
-    #[arg(long, default_value_t = 0)]
-    pub outer_anneal_rounds: u32,
-    /// The outer learning rate of the last round when `--outer-anneal-rounds` is set.
-    #[arg(long, default_value_t = 0.2)]
-    pub outer_lr_end: f32,
-    /// Also evaluate, at the end of every run, an exponential moving average of its parameters
-    /// (Polyak averaging) with each of these horizons, in per-worker steps: single and sync runs
-    /// average after every step, DiLoCo runs after every round (θ holds between rounds), each
-    /// with weight `exp(-steps/horizon)` on the past, normalised so the start does not count.
-    /// Training is unchanged; the results go to `ema` in the JSON.
-    #[arg(long, value_delimiter = ',')]
-    pub eval_ema: Vec<u32>,
     #[command(flatten)]
     pub recipe: SwarmFlags,
 }
@@ -133,14 +119,9 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     if want("sync") {
         p.push((format!("sync k={bk}"), Kind::Single { mult: bk, steps: t }));
     }
-    // What every DiLoCo run of this invocation shares beyond the recipe, in its name.
-    let mut schedule = String::new();
-    if a.outer_anneal_rounds > 0 {
-        schedule += &format!(" anneal={}->{}", a.outer_anneal_rounds, a.outer_lr_end);
-    }
     let diloco = |k: usize, h: u32, codec: DeltaCodec, drop: f64, suffix: String| {
         (
-            format!("diloco k={k} h={h}{schedule}{suffix}"),
+            format!("diloco k={k} h={h}{suffix}"),
             Kind::Diloco { k, h, codec, drop },
         )
     };
@@ -200,18 +181,24 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     if a.drop.iter().any(|d| !(0.0..1.0).contains(d)) {
         bail!("--drop probabilities must be in [0, 1)");
     }
-    let mut setup = Setup::new(&a.recipe, a.val_batches)?;
-    setup.contiguous_shards = a.shards == "contiguous";
-    setup.inner.threads = a.threads as usize;
-    if a.eval_ema.contains(&0) {
-        bail!("--eval-ema horizons must be positive");
-    }
-    setup.ema_horizons = a.eval_ema.clone();
-    if !(a.outer_lr_end >= 0.0 && a.outer_lr_end.is_finite()) {
-        bail!("--outer-lr-end must be a non-negative number");
-    }
-    setup.outer_anneal = (a.outer_anneal_rounds, a.outer_lr_end);
+    let new_setup = || -> anyhow::Result<Setup> {
+        let mut setup = Setup::new(&a.recipe, a.val_batches)?;
+        setup.contiguous_shards = a.shards == "contiguous";
+        setup.inner.threads = a.threads as usize;
+        Ok(setup)
+    };
+    let setup = new_setup()?;
     let runs = plan(&a);
+    for (name, kind) in &runs {
+        if let Kind::Diloco { h, .. } = kind
+            && a.steps % h != 0
+        {
+            bail!(
+                "{name}: --steps {} is not a multiple of H = {h} (every round of a node trains H steps)",
+                a.steps
+            );
+        }
+    }
     println!(
         "convergence: {} runs, T={} per-worker steps, model {} ({} params), batch {}, seq {}",
         runs.len(),
@@ -227,9 +214,17 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     for (name, kind) in runs {
         let r = match kind {
             Kind::Single { mult, steps } => setup.run_single(&name, steps, mult, a.eval_every)?,
-            Kind::Diloco { k, h, codec, drop } => {
-                setup.run_diloco(&name, k, h, codec, drop, a.steps)?
+            Kind::Diloco { k, h, codec, drop } => diloco::Diloco {
+                name: &name,
+                preset: &a.recipe.preset,
+                k,
+                h,
+                codec,
+                drop,
+                steps: a.steps,
+                deadline_secs: u64::from(a.recipe.deadline_secs),
             }
+            .run(new_setup()?)?,
         };
         print_row(&r);
         results.push(r);

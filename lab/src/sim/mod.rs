@@ -7,7 +7,7 @@
 
 #[cfg(test)]
 mod tests;
-mod trainer;
+pub mod trainer;
 mod world;
 
 use anyhow::Context;
@@ -21,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
-use trainer::Model;
+pub use trainer::Model;
 
 use crate::results::commit_here;
 use world::World;
@@ -91,6 +91,12 @@ pub struct SimArgs {
     /// No crashes after this many virtual seconds (0: crashes all along).
     #[arg(long, default_value_t = 0.0)]
     pub crashes_until_secs: f64,
+    /// Probability that a node's contribution of a round is lost: the node stops the moment its
+    /// training ends, before it sends anything, and comes back at once from its checkpoint with
+    /// its trainer's state intact, so the round goes on without that contribution.
+    #[arg(long, default_value_t = 0.0)]
+    #[serde(default)]
+    pub drop: f64,
     /// Bootstrap nodes besides `--nodes`: every trainer dials them; they follow the swarm by
     /// replay and attest its state (the manifest names their keys), so a node left behind can
     /// catch up in an open swarm too.
@@ -113,6 +119,18 @@ pub struct SimArgs {
     /// Stop after this much virtual time even if nodes have rounds left.
     #[arg(long, default_value_t = 7200)]
     pub max_virtual_secs: u64,
+}
+
+impl Default for SimArgs {
+    /// `nightshift-lab sim`'s defaults.
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: SimArgs,
+        }
+        <Cli as clap::Parser>::parse_from(["sim"]).args
+    }
 }
 
 fn default_aggregator() -> String {
@@ -175,6 +193,20 @@ pub struct Summary {
     pub crashes: u64,
     pub states_synced: u64,
     pub failures: Vec<String>,
+    /// Contributions lost to `--drop`.
+    #[serde(default)]
+    pub contributions_dropped: u64,
+    /// Tokens trained, over all nodes.
+    #[serde(default)]
+    pub tokens_trained: u64,
+    /// Contributions pushed to peers and their payload bytes, over all nodes.
+    #[serde(default)]
+    pub contributions_sent: u64,
+    #[serde(default)]
+    pub contribution_bytes: u64,
+    /// The validation loss of θ(0).
+    #[serde(default)]
+    pub genesis_val_loss: f32,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -247,12 +279,17 @@ fn median(mut v: Vec<u64>) -> u64 {
 /// # Errors
 /// When `--model` names no preset of the real GPT.
 pub fn simulate(args: &SimArgs) -> anyhow::Result<SimResult> {
+    let model = Model::new(&args.model, args.params, args.nodes, args.seed)?;
+    Ok(simulate_with(args, model))
+}
+
+/// Runs one simulation of nodes training `model` (`args.model` is only recorded).
+pub fn simulate_with(args: &SimArgs, model: Model) -> SimResult {
     let secrets = secrets(args.nodes + args.bootstraps, args.seed);
     let keys: Vec<[u8; 32]> = secrets
         .iter()
         .map(|s| SigningKey::from_bytes(s).verifying_key().to_bytes())
         .collect();
-    let model = Model::new(&args.model, args.params, args.nodes, args.seed)?;
     let config = template(args, &keys, &model);
     let mut world = World::new(args, args.seed, config, &secrets, model);
     world.run(args.max_virtual_secs * 1000);
@@ -288,7 +325,7 @@ pub fn simulate(args: &SimArgs) -> anyhow::Result<SimResult> {
             prev_at = at;
         }
     }
-    Ok(SimResult {
+    SimResult {
         commit: commit_here(),
         config: args.clone(),
         rounds: rows,
@@ -299,8 +336,13 @@ pub fn simulate(args: &SimArgs) -> anyhow::Result<SimResult> {
             crashes: world.crashes,
             states_synced: world.synced,
             failures: world.failures.clone(),
+            contributions_dropped: world.dropped,
+            tokens_trained: world.tokens,
+            contributions_sent: world.contributions,
+            contribution_bytes: world.contribution_bytes,
+            genesis_val_loss: world.genesis_loss,
         },
-    })
+    }
 }
 
 /// `nightshift-lab sim`: runs, prints a table, writes the JSON.
@@ -314,8 +356,8 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         .parse::<nightshift_protocol::Aggregator>()
         .map_err(|e| anyhow::anyhow!("--aggregator {}: {e}", args.aggregator))?;
     anyhow::ensure!(
-        (0.0..1.0).contains(&args.loss),
-        "--loss is a probability below 1"
+        (0.0..1.0).contains(&args.loss) && (0.0..1.0).contains(&args.drop),
+        "--loss and --drop are probabilities below 1"
     );
     anyhow::ensure!(
         args.up_mbps > 0.0 && args.down_mbps > 0.0 && args.step_ms > 0.0,

@@ -7,8 +7,8 @@
 //! outer step around either are the real ones.
 
 use crate::convergence::Setup;
-use nightshift_model::InnerTrainer;
 use nightshift_model::backend::CpuTrain;
+use nightshift_model::{InnerTrainer, Shard};
 use nightshift_protocol::Hash32;
 
 use nightshift_protocol::StateSnapshot;
@@ -39,7 +39,15 @@ impl Model {
         if name == "quadratic" {
             return Ok(Model::Quadratic(Quadratic::new(params, seed)));
         }
-        Ok(Model::Gpt(Box::new(Gpt::new(name, nodes)?)))
+        Ok(Model::Gpt(Box::new(Gpt::new(name, nodes, seed)?)))
+    }
+
+    /// The real GPT as `setup` builds it (its recipe, genesis, data and node shards).
+    ///
+    /// # Errors
+    /// When the model cannot be built.
+    pub fn gpt(setup: Setup, nodes: usize) -> anyhow::Result<Self> {
+        Ok(Model::Gpt(Box::new(Gpt::from_setup(setup, nodes)?)))
     }
 
     pub fn genesis(&self) -> StateSnapshot {
@@ -115,22 +123,40 @@ pub struct Gpt {
     setup: Setup,
     /// Each node's trainer and the state whose θ it holds.
     trainers: Vec<Option<(InnerTrainer<CpuTrain>, Hash32)>>,
+    /// What each node samples from.
+    shards: Vec<Shard>,
     eval: InnerTrainer<CpuTrain>,
 }
 
 impl Gpt {
-    fn new(preset: &str, nodes: usize) -> anyhow::Result<Self> {
+    /// `preset` at `swarm init`'s defaults, its genesis drawn from `seed`.
+    fn new(preset: &str, nodes: usize, seed: u64) -> anyhow::Result<Self> {
         let settings = nightshift_bootstrap::SwarmSettings {
             preset: preset.into(),
+            init_seed: seed,
             ..nightshift_bootstrap::SwarmSettings::default()
         };
         let mut setup = Setup::from_settings(&settings, 8)?;
         // Every node samples the whole training split, as `run` and the demo do.
         setup.contiguous_shards = false;
+        Self::from_setup(setup, nodes)
+    }
+
+    fn from_setup(setup: Setup, nodes: usize) -> anyhow::Result<Self> {
         let eval = setup.trainer(1)?;
+        let shards = (0..nodes)
+            .map(|i| {
+                if setup.contiguous_shards {
+                    setup.corpus.shard(i, nodes)
+                } else {
+                    setup.corpus.full_shard()
+                }
+            })
+            .collect();
         Ok(Gpt {
             setup,
             trainers: (0..nodes).map(|_| None).collect(),
+            shards,
             eval,
         })
     }
@@ -178,8 +204,9 @@ impl Gpt {
         if *loaded != hash && t.load_params(&state.params).is_ok() {
             *loaded = hash;
         }
-        let shard = self.setup.corpus.full_shard();
-        let rep = t.train(&self.setup.corpus, &shard, rng, steps, &|| false);
+        let rep = t.train(&self.setup.corpus, &self.shards[node], rng, steps, &|| {
+            false
+        });
         Steps {
             params: t.params(),
             mean_loss: rep.mean_loss,

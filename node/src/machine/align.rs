@@ -556,6 +556,13 @@ impl RoundMachine {
                     self.out.push(Output::Note(Note::WaitingForRoundEnd {
                         round: self.state.round,
                     }));
+                    // A node that just started knows no speeds yet: with its peers' it can
+                    // still join this round late (see the waiting stage).
+                    if self.train_budget().is_none() {
+                        let mut keys = self.trainer_keys();
+                        keys.push(self.me);
+                        self.out.push(Output::LookUpSpeeds(keys));
+                    }
                     self.announce(Phase::Syncing);
                     let cap = self.cfg.round_deadline_ms.max(60_000) * 4;
                     self.stage = Stage::Waiting { until: now + cap };
@@ -608,7 +615,7 @@ impl RoundMachine {
 
     /// Training time left in the round under way, when we know when it started and how long the
     /// live nodes take, and at least a fifth of it (and a second) is left.
-    fn late_budget(&self, now: Millis) -> Option<Millis> {
+    pub(super) fn late_budget(&self, now: Millis) -> Option<Millis> {
         let started = *self.round_started.get(&self.state.round)?;
         let expected = self.train_budget()? as f64 / BUDGET_FACTOR;
         let left = expected - now.saturating_sub(started) as f64;

@@ -83,6 +83,8 @@ pub enum Output {
     Greet(Key),
     /// Ask these peers for their statuses; each answers with [`Input::StatusAnswer`].
     AskStatuses(Vec<Key>),
+    /// Look up these peers' window records; each speed found comes back as [`Input::Speed`].
+    LookUpSpeeds(Vec<Key>),
     /// Send our contribution to these peers.
     Push {
         to: Vec<Key>,

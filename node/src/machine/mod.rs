@@ -315,7 +315,11 @@ impl RoundMachine {
                 from,
                 tokens_per_sec,
             } => {
-                if tokens_per_sec.is_finite() && tokens_per_sec > 0.0 {
+                if !(tokens_per_sec.is_finite() && tokens_per_sec > 0.0) {
+                } else if from == self.me {
+                    // Our own window record: the speed of our last run, until we train.
+                    self.tokens_per_sec.get_or_insert(tokens_per_sec);
+                } else {
                     self.peers.entry(from).or_default().tokens_per_sec = Some(tokens_per_sec);
                 }
             }
@@ -366,7 +370,13 @@ impl RoundMachine {
                 Stage::Verifying(_) => self.verify_step(now),
                 Stage::Waiting { until } => {
                     let until = *until;
-                    if !self.round_under_way() || now >= until || !self.available {
+                    // The round ended, or the wait is over, or speeds that came meanwhile
+                    // leave time to join the round late.
+                    if !self.round_under_way()
+                        || now >= until
+                        || !self.available
+                        || self.late_budget(now).is_some()
+                    {
                         self.begin_round(now);
                     }
                 }

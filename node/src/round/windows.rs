@@ -204,7 +204,11 @@ impl<B: AutodiffBackend> Driver<B> {
     /// Fetches the live peers' window records in the background; their speeds go to the
     /// machine (for the round's time budget).
     pub(super) fn refresh_peer_windows(&self) {
-        let peers = self.m.trainer_keys();
+        self.look_up_windows(self.m.trainer_keys());
+    }
+
+    /// Fetches these peers' window records in the background; their speeds go to the machine.
+    pub(super) fn look_up_windows(&self, peers: Vec<crate::machine::Key>) {
         let net = self.io.net.clone();
         let answers = self.io.answers();
         let swarm = self.swarm_id;

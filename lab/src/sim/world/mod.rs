@@ -52,6 +52,8 @@ struct Node {
     down_free: f64,
     /// Milliseconds per inner step.
     step_ms: f64,
+    /// Tokens per second of its last training (what its window record says).
+    speed: Option<f64>,
     served_status: Option<Status>,
     served: BTreeMap<(u64, Key), Arc<SignedEnvelope>>,
     /// The last checkpoint (what a restart resumes from) and its hash.
@@ -92,6 +94,17 @@ enum Ev {
     Restart {
         node: usize,
     },
+    /// The node's contribution of the round it just trained is lost (`--drop`).
+    Lose {
+        node: usize,
+        epoch: u32,
+    },
+    /// A node whose contribution of `round` was lost comes back once its live peers are past
+    /// that round.
+    Rejoin {
+        node: usize,
+        round: u64,
+    },
 }
 
 enum Req {
@@ -118,6 +131,17 @@ pub struct World {
     /// Inputs handled (a measure of the simulator's work).
     pub inputs: u64,
     pub crashes: u64,
+    /// Contributions lost to `--drop`.
+    pub dropped: u64,
+    /// Draws for `--drop` (a stream of their own, so drops leave the rest of a run unchanged).
+    drops: ChaCha8Rng,
+    /// Tokens trained, over all nodes.
+    pub tokens: u64,
+    /// Contributions pushed and their payload bytes, over all nodes.
+    pub contributions: u64,
+    pub contribution_bytes: u64,
+    /// The validation loss of θ(0).
+    pub genesis_loss: f32,
     /// States adopted from peers (verified), over all nodes.
     pub synced: u64,
     pub failures: Vec<String>,
@@ -169,6 +193,7 @@ impl World {
                     up_free: 0.0,
                     down_free: 0.0,
                     step_ms,
+                    speed: None,
                     served_status: None,
                     served: BTreeMap::new(),
                     checkpoint: genesis.clone(),
@@ -212,6 +237,7 @@ impl World {
                 up_free: 0.0,
                 down_free: 0.0,
                 step_ms: args.step_ms,
+                speed: None,
                 served_status: None,
                 served: BTreeMap::new(),
                 checkpoint: genesis.clone(),
@@ -261,6 +287,12 @@ impl World {
             seed,
             inputs: 0,
             crashes: 0,
+            dropped: 0,
+            drops: ChaCha8Rng::seed_from_u64(seed ^ 0xD209),
+            tokens: 0,
+            contributions: 0,
+            contribution_bytes: 0,
+            genesis_loss,
             synced: 0,
             failures: vec![],
             trace: std::env::var_os("NIGHTSHIFT_SIM_DUMP").is_some(),
@@ -371,6 +403,28 @@ impl World {
                 }
                 Ev::Crash { node } => self.crash(node),
                 Ev::Restart { node } => self.restart(node),
+                Ev::Lose { node, epoch } => {
+                    if self.nodes[node].epoch == epoch {
+                        self.dropped += 1;
+                        let round = self.round_of(node);
+                        self.kill(node);
+                        self.schedule(self.now + 1, Ev::Rejoin { node, round });
+                    }
+                }
+                Ev::Rejoin { node, round } => {
+                    let waiting = self.nodes[node].neighbours.iter().any(|&j| {
+                        let n = &self.nodes[j];
+                        !n.bootstrap
+                            && !n.finished
+                            && n.machine.is_some()
+                            && self.round_of(j) <= round
+                    });
+                    if waiting {
+                        self.schedule(self.now + TICK_MS, Ev::Rejoin { node, round });
+                    } else {
+                        self.restart(node);
+                    }
+                }
             }
             if self.nodes.iter().all(|n| n.finished) {
                 break;
@@ -389,6 +443,13 @@ impl World {
             return;
         }
         self.crashes += 1;
+        self.kill(i);
+        let down = (self.args.down_secs * 1000.0) as Millis;
+        self.schedule(self.now + down, Ev::Restart { node: i });
+    }
+
+    /// Node `i` stops as kill -9 stops it (its peers see the connection drop).
+    fn kill(&mut self, i: usize) {
         let n = &mut self.nodes[i];
         n.machine = None;
         n.epoch += 1;
@@ -399,8 +460,6 @@ impl World {
             let lat = self.latency(i, j);
             self.deliver_at(self.now + lat, j, Input::Disconnected(key));
         }
-        let down = (self.args.down_secs * 1000.0) as Millis;
-        self.schedule(self.now + down, Ev::Restart { node: i });
     }
 
     fn restart(&mut self, i: usize) {

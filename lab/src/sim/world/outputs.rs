@@ -44,7 +44,27 @@ impl World {
                     }
                 }
             }
+            Output::LookUpSpeeds(keys) => {
+                // A DHT look-up of each peer's window record: about a round trip.
+                for k in keys {
+                    if let Some(&j) = self.index.get(&k)
+                        && let Some(tokens_per_sec) = self.nodes[j].speed
+                    {
+                        let at = now + 2 * self.latency(i, j);
+                        self.deliver_at(
+                            at,
+                            i,
+                            Input::Speed {
+                                from: k,
+                                tokens_per_sec,
+                            },
+                        );
+                    }
+                }
+            }
             Output::Push { to, envelope } => {
+                self.contributions += 1;
+                self.contribution_bytes += envelope.payload.len() as u64;
                 let bytes = envelope.payload.len() as u64 + ENVELOPE_BYTES;
                 let from = self.nodes[i].key;
                 for k in to {
@@ -147,6 +167,7 @@ impl World {
         let step_ms = self.nodes[i].step_ms;
         let fit = budget_ms.map_or(steps, |b| ((b as f64 / step_ms) as u32).min(steps));
         let done = self.model.train(i, state, fit, &mut self.nodes[i].rng);
+        self.tokens += done.tokens;
         let secs = fit as f64 * step_ms / 1000.0;
         let trained = Trained {
             steps: fit,
@@ -160,6 +181,7 @@ impl World {
         // Its speed goes out with its window record (Kademlia; not counted, as in the daemon).
         if fit > 0 {
             let tokens_per_sec = trained.tokens as f64 / secs.max(1e-9);
+            self.nodes[i].speed = Some(tokens_per_sec);
             let from = self.nodes[i].key;
             for j in self.connected_neighbours(i) {
                 self.deliver_at(
@@ -172,7 +194,13 @@ impl World {
                 );
             }
         }
-        self.deliver_at(at.max(self.now + 1), i, Input::Trained(trained));
+        let at = at.max(self.now + 1);
+        if fit > 0 && self.args.drop > 0.0 && self.drops.random_bool(self.args.drop) {
+            let epoch = self.nodes[i].epoch;
+            self.schedule(at, Ev::Lose { node: i, epoch });
+        } else {
+            self.deliver_at(at, i, Input::Trained(trained));
+        }
     }
 
     pub(super) fn connected_neighbours(&self, i: usize) -> Vec<usize> {

@@ -375,3 +375,91 @@ fn a_holder_answering_with_another_contribution_than_the_claim_names_is_passed_o
     );
     assert_eq!(m.round(), 0);
 }
+
+#[test]
+fn a_node_that_synced_without_speeds_looks_them_up_and_joins_the_round_late() {
+    // A node that just started (no speeds known) replays the state peer 2 trains on.
+    let (mut m, _) = node(1);
+    let g = m.hash();
+    let a = contribution(2, 0, g, 0.2, 1);
+    let truth = formed_by_peer_two(g, &a).hash();
+    let training = |at: Millis| Status {
+        formed_by: vec![ContributionId::of(&a)],
+        ..status(1, truth, Phase::Training, at)
+    };
+    let mut now = T0;
+    let mut outs = m.handle(
+        now,
+        Input::Status {
+            from: pk(2),
+            status: training(now),
+        },
+    );
+    let mut all = vec![];
+    for _ in 0..200 {
+        let mut more = answer_asks(&mut m, now, &outs, |_| Some(training(now)));
+        if outs.iter().any(|o| matches!(o, Output::Fetch { .. })) {
+            more.extend(m.handle(
+                now,
+                Input::Contribution {
+                    from: pk(2),
+                    envelope: a.clone(),
+                },
+            ));
+        }
+        all.append(&mut outs);
+        all.append(&mut more);
+        if m.round() == 1 && all.iter().any(|o| matches!(o, Output::LookUpSpeeds(_))) {
+            break;
+        }
+        now += CONFIRM_MS;
+        outs = m.handle(now, Input::Tick);
+    }
+    assert_eq!(m.round(), 1, "{all:?}");
+    // Without speeds it cannot tell how much of the round is left: it waits, and looks them up
+    // (its own record too: the speed of its last run).
+    assert!(
+        notes(&all)
+            .iter()
+            .any(|n| matches!(n, Note::WaitingForRoundEnd { round: 1 })),
+        "{all:?}"
+    );
+    let asked = all.iter().find_map(|o| match o {
+        Output::LookUpSpeeds(k) => Some(k.clone()),
+        _ => None,
+    });
+    assert_eq!(asked, Some(vec![pk(2), pk(1)]));
+    assert!(train_of(&all).is_none());
+    // The speeds come back (1,000 tokens a round at 100 tokens/s: 10 s): it joins for the rest.
+    for k in [pk(1), pk(2)] {
+        m.handle(
+            now,
+            Input::Speed {
+                from: k,
+                tokens_per_sec: 100.0,
+            },
+        );
+    }
+    let mut joined = vec![];
+    for _ in 0..20 {
+        now += CONFIRM_MS;
+        let outs = m.handle(now, Input::Tick);
+        joined.extend(answer_asks(&mut m, now, &outs, |_| Some(training(now))));
+        joined.extend(outs);
+        if train_of(&joined).is_some() {
+            break;
+        }
+    }
+    assert!(
+        notes(&joined)
+            .iter()
+            .any(|n| matches!(n, Note::JoinedLate { round: 1, .. })),
+        "{joined:?}"
+    );
+    let (round, budget) = train_of(&joined).expect("it trains");
+    assert_eq!(round, 1);
+    assert!(
+        budget.is_some_and(|b| b > 2_000 && b < 10_000),
+        "{budget:?}"
+    );
+}
