@@ -34,8 +34,8 @@ pub struct ReportArgs {
     pub plot: Option<PathBuf>,
     /// Read every run as if its per-worker budget T had been each of these step counts: its
     /// curve up to that step, the loss there its final loss, and the comparisons between runs
-    /// cut at the same step. Exact without an outer anneal (the default: nothing else in a run
-    /// depends on T); a run whose curve has no point at a step is left out there.
+    /// cut at the same step. Exact for runs written since the outer anneal was retired (nothing
+    /// in them depends on T); a run whose curve has no point at a step is left out there.
     #[arg(long, value_delimiter = ',')]
     pub at: Vec<u32>,
 }

@@ -99,8 +99,8 @@ enum Ev {
         node: usize,
         epoch: u32,
     },
-    /// A node whose contribution of `round` was lost comes back once its live peers are past
-    /// that round.
+    /// A node whose contribution of `round` was lost comes back once its live peers have
+    /// closed that round.
     Rejoin {
         node: usize,
         round: u64,
@@ -412,12 +412,13 @@ impl World {
                     }
                 }
                 Ev::Rejoin { node, round } => {
+                    // Back once no live peer is still training, collecting or closing that
+                    // round (a peer left alone on it waits for peers: come back then too).
                     let waiting = self.nodes[node].neighbours.iter().any(|&j| {
-                        let n = &self.nodes[j];
-                        !n.bootstrap
-                            && !n.finished
-                            && n.machine.is_some()
-                            && self.round_of(j) <= round
+                        self.nodes[j].machine.as_ref().is_some_and(|m| {
+                            m.round() == round
+                                && matches!(m.stage(), "training" | "collecting" | "reconciling")
+                        })
                     });
                     if waiting {
                         self.schedule(self.now + TICK_MS, Ev::Rejoin { node, round });
