@@ -79,6 +79,28 @@ fn a_fully_connected_swarm_agrees_on_every_round_and_learns() {
     assert!(last < first.max(0.05), "{first} → {last}");
 }
 
+#[test]
+fn lost_contributions_leave_the_swarm_agreeing_and_learning() {
+    let r = simulate(&args(&[
+        "--nodes", "5", "--rounds", "10", "--drop", "0.3", "--private", "--seed", "3",
+    ]))
+    .unwrap();
+    assert!(r.summary.failures.is_empty(), "{:?}", r.summary.failures);
+    assert!(r.summary.contributions_dropped >= 5, "{:?}", r.summary);
+    // A node whose contribution was lost comes back, takes the round's state and goes on: every
+    // node holds every round's state, and they agree (the last round excepted: see above).
+    for row in &r.rounds[..r.rounds.len() - 1] {
+        assert_eq!(
+            (row.nodes_completed, row.distinct_state_hashes),
+            (5, 1),
+            "{row:?}"
+        );
+    }
+    let first = r.rounds[0].val_loss.unwrap();
+    let last = r.rounds.last().unwrap().val_loss.unwrap();
+    assert!(last < first, "{first} → {last}");
+}
+
 proptest! {
     // A fixed seed: the same 64 swarms on every run, so that CI is reproducible. Random draws
     // are how the rules' faults were found (DESIGN-NOTES lists them): change the seed, or raise
