@@ -1,13 +1,16 @@
 //! `nightshift-lab`: nightshift's benchmarks and experiments, apart from the product binary.
 //!
-//! - `convergence` — DiLoCo against single-worker and synchronous training at equal tokens, in
-//!   one process ([`convergence`]); `report` joins the JSON of several runs.
+//! - `convergence` — DiLoCo against single-worker and synchronous training at equal tokens, the
+//!   DiLoCo swarms through the simulator ([`convergence`]); `report` joins the JSON of several
+//!   runs.
 //! - `churn` — idle windows: a churning pool of `nightshift` processes against stable swarms
 //!   ([`churn`]).
 //! - `byzantine` — robust aggregation under attack, in one process ([`byzantine`]).
 //! - `replay` — what verifying a state by replay costs ([`replay`]).
 //! - `sim` — a deterministic simulator: the daemon's round machine on every node, an in-memory
 //!   network, a virtual clock ([`sim`]).
+//! - `scale` — bytes and time per node per round as the swarm grows, as processes and in the
+//!   simulator ([`scale`]).
 //!
 //! Every result file records its configuration, the commit and the seed.
 
@@ -16,6 +19,7 @@ mod churn;
 mod convergence;
 mod replay;
 mod results;
+mod scale;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -50,6 +54,9 @@ enum Command {
     /// A deterministic simulation of a swarm: every node runs the daemon's round machine over
     /// an in-memory network on a virtual clock, with a stand-in model.
     Sim(sim::SimArgs),
+    /// What a round costs each node as the swarm grows: bytes up and down and round time, for
+    /// swarms of real `nightshift` processes and, larger, in the simulator.
+    Scale(scale::ScaleArgs),
     /// What verifying a state by replay costs (verify, decode, aggregate, outer step, hash) at
     /// each model preset, and the size of a signed status.
     Replay(replay::ReplayArgs),
@@ -71,6 +78,9 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Sim(a) => {
             tokio::task::spawn_blocking(move || sim::run_sim(a)).await??;
+        }
+        Command::Scale(a) => {
+            scale::run_scale(a).await?;
         }
         Command::Replay(a) => {
             tokio::task::spawn_blocking(move || replay::run_replay(a)).await??;

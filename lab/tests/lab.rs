@@ -144,3 +144,47 @@ fn report_joins_runs_written_by_separate_processes() {
         assert!(err.contains(says), "{file}: {err}");
     }
 }
+
+/// `scale` end to end: each swarm size as real processes and in the simulator, with the fields
+/// scripts read, every swarm agreeing at its last round.
+#[test]
+fn scale_measures_each_swarm_size_as_processes_and_in_the_simulator() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("scale.json");
+    let o = lab(&[
+        "scale",
+        "--nodes",
+        "2,3",
+        "--sim-nodes",
+        "6",
+        "--rounds",
+        "3",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(file["commit"].as_str().is_some_and(|c| !c.is_empty()));
+    assert_eq!(file["config"]["rounds"], 3);
+    let runs = file["runs"].as_array().unwrap();
+    let sizes: Vec<(u64, &str)> = runs
+        .iter()
+        .map(|r| (r["nodes"].as_u64().unwrap(), r["source"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        sizes,
+        [(2, "processes"), (3, "processes"), (6, "simulator")],
+        "{file}"
+    );
+    for r in runs {
+        for field in [
+            "bytes_up_per_node_per_round",
+            "bytes_down_per_node_per_round",
+        ] {
+            assert!(r[field].as_u64().unwrap() > 0, "{field} in {r}");
+        }
+        assert!(r["round_secs"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["distinct_final_states"], 1, "{r}");
+    }
+}

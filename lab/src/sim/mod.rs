@@ -177,6 +177,8 @@ pub struct RoundRow {
     pub bytes_up_max: u64,
     pub bytes_up_median: u64,
     pub bytes_down_max: u64,
+    #[serde(default)]
+    pub bytes_down_median: u64,
     /// The median node's upload that was statuses (announcements, look-ups, answers).
     pub status_bytes_up_median: u64,
     /// Virtual seconds between the median node holding θ(r−1) and holding θ(r).
@@ -317,6 +319,7 @@ pub fn simulate_with(args: &SimArgs, model: Model) -> SimResult {
             bytes_up_max: bytes.iter().map(|b| b.0).max().unwrap_or(0),
             bytes_up_median: median(bytes.iter().map(|b| b.0).collect()),
             bytes_down_max: bytes.iter().map(|b| b.1).max().unwrap_or(0),
+            bytes_down_median: median(bytes.iter().map(|b| b.1).collect()),
             status_bytes_up_median: median(world.status_bytes(r - 1)),
             round_secs: if held.is_empty() { 0.0 } else { at - prev_at },
             val_loss: world.majority_loss(r),

@@ -82,7 +82,15 @@ fn a_fully_connected_swarm_agrees_on_every_round_and_learns() {
 #[test]
 fn lost_contributions_leave_the_swarm_agreeing_and_learning() {
     let r = simulate(&args(&[
-        "--nodes", "5", "--rounds", "10", "--drop", "0.3", "--private", "--seed", "3",
+        "--nodes",
+        "5",
+        "--rounds",
+        "10",
+        "--drop",
+        "0.3",
+        "--private",
+        "--seed",
+        "3",
     ]))
     .unwrap();
     assert!(r.summary.failures.is_empty(), "{:?}", r.summary.failures);
