@@ -165,7 +165,8 @@ impl World {
         budget_ms: Option<Millis>,
     ) {
         let step_ms = self.nodes[i].step_ms;
-        let fit = budget_ms.map_or(steps, |b| ((b as f64 / step_ms) as u32).min(steps));
+        // As the daemon's trainer: a step starts while the budget has time left.
+        let fit = budget_ms.map_or(steps, |b| ((b as f64 / step_ms).ceil() as u32).min(steps));
         let done = self.model.train(i, state, fit, &mut self.nodes[i].rng);
         self.tokens += done.tokens;
         let secs = fit as f64 * step_ms / 1000.0;
