@@ -110,6 +110,7 @@ def training_rows():
         f"**{pct(statistics.mean(drops))}** on the mean ({pct(min(drops))} to {pct(max(drops))})",
         "② · as above · `h25-m07-whole-drop-s4*.json`",
     ])
+    rows += sim_training_rows(diloco, drops)
     fp32 = {s: one(f"docs/bench/grid/sixteenth/h25-whole-diloco-s{s}.json") for s in (42, 43)}
     int4 = {s: one(f"docs/bench/grid/sixteenth/h25-int4-whole-diloco-s{s}.json") for s in (42, 43)}
     lowrank = {s: one(f"docs/bench/grid/sixteenth/h25-lowrank-whole-diloco-s{s}.json") for s in (42, 43)}
@@ -137,6 +138,63 @@ def training_rows():
         f"**{pct(dl[0])} / {pct(dl[1])}**: not met; `int4:64` is the default",
         "① with `--codec lowrank` · b58c91f · `h25-lowrank-whole-diloco-s4{2,3}.json`",
     ])
+    return rows
+
+
+def sim_training_rows(loop, loop_drops):
+    """The training table's first and third rows again, `convergence` driving its DiLoCo swarms
+    through the simulator (every node running the round machine)."""
+    def final(kind, s):
+        return one(f"docs/bench/sim-convergence/h25-whole-{kind}-s{s}.json")["final_val_loss"]
+    have = [s for s in SEEDS
+            if (BENCH / f"sim-convergence/h25-whole-diloco-s{s}.json").exists()]
+    if not have:
+        return []
+    sim = {s: final("diloco", s) for s in have}
+    table = {s: loop[s]["final_val_loss"] for s in SEEDS}
+    lo, hi = min(table.values()), max(table.values())
+    same = [sim[s] / table[s] for s in have]
+    sync = [sim[s] / sync_baseline(s) for s in have]
+    inside = sum(lo <= v <= hi for v in sim.values())
+    below = sum(v < lo for v in sim.values())
+    commits = sorted({commit_of(f"docs/bench/sim-convergence/h25-whole-diloco-s{s}.json", "?")
+                      for s in have})
+    seeds = f"{min(have)}–{max(have)}" if len(have) > 1 else str(have[0])
+    rows = [[
+        "— the same through the simulator: every node running the round machine",
+        "as above; 4 nodes of a private swarm, fully connected over the simulator's default "
+        "links (20–80 ms, 50 / 200 Mbit/s), alike in speed, 40 rounds",
+        "the table's loop (first row) on the same seed; sync as above",
+        seeds,
+        f"final loss {' / '.join(f'{sim[s]:.4f}' for s in have)} (mean "
+        f"{statistics.mean(sim.values()):.4f}; the loop's {lo:.4f}–{hi:.4f}, mean "
+        f"{statistics.mean(table.values()):.4f}): **{statistics.mean(same):.4f}×** the loop's "
+        f"run of the same seed on the mean ({min(same):.4f}–{max(same):.4f}×); "
+        f"{inside} of {len(have)} inside the loop's five-seed range"
+        + (f", {below} below it (lower is better)" if below else "")
+        + f"; **{statistics.mean(sync):.3f}×** sync on the mean ({min(sync):.3f}–{max(sync):.3f}×)",
+        f"① · {', '.join(commits)} · `docs/bench/sim-convergence/h25-whole-diloco-s4*.json`",
+    ]]
+    both = [s for s in have
+            if (BENCH / f"sim-convergence/h25-whole-drop-s{s}.json").exists()]
+    if both:
+        cost = [final("drop", s) / sim[s] - 1 for s in both]
+        runs_ = {s: one(f"docs/bench/sim-convergence/h25-whole-drop-s{s}.json") for s in both}
+        extra = [runs_[s]["tokens"] / one(
+            f"docs/bench/sim-convergence/h25-whole-diloco-s{s}.json")["tokens"] - 1 for s in both]
+        seeds = f"{min(both)}–{max(both)}" if len(both) > 1 else str(both[0])
+        rows.append([
+            "— dropping half of the contributions, as nodes lose them, costs ≤ 3 %",
+            "as above, each contribution lost with p = 0.5: its node stops as its training ends "
+            "and comes back once the round closed without it, replays the round's state and "
+            "joins the next round late; a round that lost every contribution is trained again",
+            "the same swarm without losses, same seed",
+            seeds,
+            f"**{pct(statistics.mean(cost))}** on the mean ({pct(min(cost))} to "
+            f"{pct(max(cost))}); the loop's drops: {pct(statistics.mean(loop_drops))}; "
+            f"{pct(statistics.mean(extra))} tokens trained (rounds trained again)",
+            "② · as above · `docs/bench/sim-convergence/h25-whole-drop-s4*.json`",
+        ])
     return rows
 
 
@@ -311,44 +369,6 @@ def sim_rows():
         + " / ".join(f"{m:,.0f}" for _, m in speed) + " MiB",
         "as above",
     ])
-    gpt = sorted(BENCH.glob("sim-gpt-small-k4-s*.json"))
-    if gpt:
-        seeds = [load(f"docs/bench/{f.name}")["config"]["seed"] for f in gpt]
-        finals = {s: load(f"docs/bench/sim-gpt-small-k4-s{s}.json")["rounds"][-1]["val_loss"]
-                  for s in seeds}
-        table_finals = {s: one(f"docs/bench/grid/sixteenth/h25-m07-whole-diloco-s{s}.json")
-                        ["final_val_loss"] for s in SEEDS}
-        sync = {s: sync_baseline(s) for s in seeds}
-        ratios = [finals[s] / sync[s] for s in seeds]
-        same = [finals[s] / table_finals[s] for s in seeds]
-        lo, hi = min(table_finals.values()), max(table_finals.values())
-        inside = sum(lo <= v <= hi for v in finals.values())
-        commits = sorted({load(f"docs/bench/{f.name}")["commit"][:7] for f in gpt})
-        rows.append([
-            "the real model through the simulator trains as `convergence` does",
-            "`--model small`, 4 nodes, full mesh, no loss, H = 25, 40 rounds (T = 1000), fp32, "
-            "`--aggregator mean`, the defaults' Muon and outer 0.7 / 0.7: the first row of the "
-            "training table, every node running the round machine",
-            f"seeds {', '.join(map(str, seeds))}: final loss "
-            + " / ".join(f"{finals[s]:.4f}" for s in seeds)
-            + f" (mean {statistics.mean(finals.values()):.4f}); {inside} of {len(seeds)} within the "
-            f"table's five-seed range {lo:.4f}–{hi:.4f} (mean "
-            f"{statistics.mean(table_finals.values()):.4f})"
-            + (
-                ""
-                if inside == len(seeds)
-                else f", {sum(v < lo for v in finals.values())} below it (lower is better)"
-            )
-            + "; against the table's run of the same seed "
-            f"{statistics.mean(same):.4f}× on the mean ({min(same):.4f}–{max(same):.4f}×); "
-            "against the seed's sync "
-            f"{statistics.mean(ratios):.3f}× on the mean ({min(ratios):.3f}–{max(ratios):.3f}×) "
-            "where the table has 1.009×. `nightshift-lab convergence` itself does not drive the "
-            "simulator yet",
-            "`RAYON_NUM_THREADS=1 nightshift-lab sim --model small --nodes 4 --degree 4 --rounds "
-            "40 --codec fp32 --aggregator mean --speed-spread 0 --seed S` · "
-            + ", ".join(commits) + " · `docs/bench/sim-gpt-small-k4-s*.json`",
-        ])
     rows.append([
         "the rules hold under delays, loss, crashes and restarts",
         "64 swarms of 2–7 nodes drawn from a fixed seed, 8 rounds, private or open with one "
@@ -407,7 +427,10 @@ def page():
         "then `nightshift-lab report FILES` for the ratios. These runs predate `cclip` as the "
         "default aggregator, hence `--aggregator mean`; without an attacker `cclip:1:3` ends "
         "within 0.9999× of the mean (below), and the convergence table has not been re-run with "
-        "it.",
+        "it. Since 0e55142 `convergence` runs its DiLoCo swarms through the simulator, every "
+        "node running the daemon's round machine (the rows *through the simulator*); the rows "
+        "before them ran its earlier in-process loop, which applied the same aggregation and "
+        "outer step but not the nodes' rules around them.",
         "",
         "## Throughput of the inner loop",
         "",
@@ -482,8 +505,7 @@ def page():
         "",
         "## Not measured yet",
         "",
-        "Anything on a GPU; a swarm over real internet links (issue 26); `nightshift-lab "
-        "convergence` through the simulator with the real model (issue 25).",
+        "Anything on a GPU; a swarm over real internet links (issue 26).",
         "",
     ]
     return "\n".join(parts)
