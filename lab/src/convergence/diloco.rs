@@ -30,7 +30,7 @@ impl Diloco<'_> {
     /// The simulator's settings for this run: a private swarm of K nodes, fully connected, alike
     /// in speed, over the simulator's default links, for T/H rounds.
     pub fn sim_args(&self, setup: &Setup) -> anyhow::Result<SimArgs> {
-        if self.h == 0 || self.steps % self.h != 0 {
+        if self.h == 0 || !self.steps.is_multiple_of(self.h) {
             bail!(
                 "T = {} per-worker steps is not a multiple of H = {}: every round of a node trains H steps",
                 self.steps,

@@ -191,7 +191,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     let runs = plan(&a);
     for (name, kind) in &runs {
         if let Kind::Diloco { h, .. } = kind
-            && a.steps % h != 0
+            && !a.steps.is_multiple_of(*h)
         {
             bail!(
                 "{name}: --steps {} is not a multiple of H = {h} (every round of a node trains H steps)",

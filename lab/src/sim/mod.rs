@@ -45,7 +45,8 @@ pub struct SimArgs {
     #[serde(skip)]
     pub json: Option<PathBuf>,
     /// What the nodes train: `quadratic` (the stand-in, `--params` wide) or a preset of the real
-    /// GPT (`tiny`, `small`, ...) on the embedded corpus, for a few nodes.
+    /// GPT (`tiny`, `small`, ...) on the embedded corpus, its genesis drawn from `--seed`, for
+    /// a few nodes.
     #[arg(long, default_value = "quadratic")]
     #[serde(default = "quadratic")]
     pub model: String,

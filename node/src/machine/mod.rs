@@ -315,11 +315,11 @@ impl RoundMachine {
                 from,
                 tokens_per_sec,
             } => {
-                if !(tokens_per_sec.is_finite() && tokens_per_sec > 0.0) {
-                } else if from == self.me {
+                let valid = tokens_per_sec.is_finite() && tokens_per_sec > 0.0;
+                if valid && from == self.me {
                     // Our own window record: the speed of our last run, until we train.
                     self.tokens_per_sec.get_or_insert(tokens_per_sec);
-                } else {
+                } else if valid {
                     self.peers.entry(from).or_default().tokens_per_sec = Some(tokens_per_sec);
                 }
             }
