@@ -485,7 +485,7 @@ def page():
         "",
         "## The simulator (`nightshift-lab sim`)",
         "",
-        "Every node runs the round machine (`node/src/machine/`), the rules the daemon runs: real "
+        "Every node runs the round machine (`node/daemon/src/machine/`), the rules the daemon runs: real "
         "contributions (`int4:64`, signed, verified), aggregation (`cclip:1:3`) and outer step; a "
         "stand-in model (SGD on a noisy quadratic, 1,024 parameters); links of 20–80 ms one way, "
         "50 Mbit/s up and 200 Mbit/s down per node, no loss; H = 25 steps of 200 ms (±50 %). "

@@ -1,21 +1,9 @@
-//! What a swarm creator needs: identity keys, the signed swarm manifest and the genesis state.
-//!
-//! The bootstrap *node* (the Kademlia server others dial first) shares the daemon's network
-//! layer and lives in `nightshift-node` (`nightshift bootstrap`); this crate holds everything that
-//! is decided before any node runs.
-//!
-//! # Layout
-//! - [`keys`] — ed25519 identity key files (`nightshift keygen`).
-//! - [`genesis`] — building and signing a manifest (`nightshift swarm init`), the genesis state
-//!   θ(0), and loading the corpus a manifest names.
+//! What a swarm creator runs: swarm creation ([`swarm`]: keys, the signed manifest, the swarm's
+//! pre-shared key) and the bootstrap node ([`node`]: the node others dial first, which follows
+//! every round by replay and attests the swarm's state). Genesis — keys, the manifest, θ(0) — is
+//! below it, in `nightshift-genesis`, re-exported here.
 
-pub mod genesis;
-pub mod keys;
+pub mod node;
+pub mod swarm;
 
-pub use genesis::{
-    GenesisError, SwarmSettings, build_manifest, genesis_state, load_corpus, model_config,
-};
-pub use keys::{
-    KeyError, generate_key, generate_psk, parse_swarm_key, read_key, read_swarm_key, write_key,
-    write_swarm_key,
-};
+pub use nightshift_genesis::*;

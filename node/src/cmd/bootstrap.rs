@@ -7,7 +7,7 @@ use nightshift_bootstrap::read_key;
 use std::path::PathBuf;
 
 use super::common::{default_bootstrap_key, read_manifest, shutdown_signal, swarm_key};
-use crate::bootstrap_node::{BootstrapOptions, run_bootstrap};
+use nightshift_bootstrap::node::{BootstrapOptions, run_bootstrap};
 
 #[derive(Args, Debug)]
 pub struct BootstrapArgs {

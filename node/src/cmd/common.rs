@@ -6,7 +6,7 @@ use libp2p::Multiaddr;
 use libp2p::multiaddr::Protocol;
 use nightshift_bootstrap::{generate_key, read_key, read_swarm_key};
 use nightshift_protocol::{Hash32, Request, Response, SignedManifest};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tokio::sync::watch;
 use tracing::info;
 
@@ -98,10 +98,7 @@ pub(crate) fn parse_public_key(s: &str) -> anyhow::Result<[u8; 32]> {
     Ok(k)
 }
 
-/// Where `swarm init` writes the bootstrap node's key, beside the manifest at `manifest`.
-pub fn default_bootstrap_key(manifest: &Path) -> PathBuf {
-    manifest.with_extension("bootstrap.key.json")
-}
+pub use nightshift_bootstrap::swarm::default_bootstrap_key;
 
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()

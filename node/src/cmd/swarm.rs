@@ -1,14 +1,13 @@
-//! `nightshift swarm init`: a new swarm's signed manifest, and the keys it needs.
+//! `nightshift swarm init`: a new swarm's signed manifest, and the keys it needs (created by
+//! `nightshift_bootstrap::swarm`).
 
-use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use nightshift_bootstrap::{
-    SwarmSettings, build_manifest, generate_key, generate_psk, read_key, write_key, write_swarm_key,
-};
+use nightshift_bootstrap::SwarmSettings;
+use nightshift_bootstrap::swarm::{NewSwarm, create};
 use nightshift_protocol::{Aggregator, DeltaCodec, InnerOptimizer};
 use std::path::PathBuf;
 
-use super::common::{default_bootstrap_key, parse_public_key, unix_now};
+use super::common::{parse_public_key, unix_now};
 
 #[derive(Subcommand, Debug)]
 pub enum SwarmCommand {
@@ -138,76 +137,31 @@ pub struct InitArgs {
 /// # Errors
 /// A refused setting or key, or a file that cannot be written (nothing is left behind then).
 pub fn init(a: InitArgs) -> anyhow::Result<()> {
-    // A new key is written only once the manifest it signs is known to be valid, so a
-    // refused setting leaves no file behind.
-    let (key, new_key) = match &a.key {
-        Some(p) => (read_key(p)?, None),
-        None => (
-            generate_key()?,
-            Some(a.out.with_extension("creator.key.json")),
-        ),
-    };
     let allow = a
         .allow
         .iter()
         .map(|s| parse_public_key(s))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    if a.private && allow.is_empty() {
-        bail!("a --private swarm needs its members: give --allow KEY for each");
+    let bootstrap_keys = a
+        .bootstrap_keys
+        .iter()
+        .map(|s| parse_public_key(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let created = create(NewSwarm {
+        out: a.out.clone(),
+        creator_key: a.key.clone(),
+        settings: SwarmSettings {
+            attest_quorum: a.attest_quorum,
+            ..a.swarm.settings(&a.name, allow)
+        },
+        private: a.private,
+        bootstrap_keys,
+        created_unix: unix_now(),
+    })?;
+    for (what, path) in &created.wrote {
+        eprintln!("wrote {what} to {}", path.display());
     }
-    if a.attest_quorum.is_some() && allow.is_empty() {
-        bail!(
-            "--attest-quorum is for a swarm with --allow (in an open swarm only bootstrap nodes attest)"
-        );
-    }
-    let psk_path = a.out.with_file_name("swarm.key");
-    if a.private && psk_path.exists() {
-        bail!(
-            "{} already exists; refusing to overwrite a swarm key (move it away first)",
-            psk_path.display()
-        );
-    }
-    let (bootstraps, new_boot_key) = if a.bootstrap_keys.is_empty() {
-        let path = default_bootstrap_key(&a.out);
-        if path.exists() {
-            (vec![read_key(&path)?.verifying_key().to_bytes()], None)
-        } else {
-            let k = generate_key()?;
-            (vec![k.verifying_key().to_bytes()], Some((path, k)))
-        }
-    } else {
-        let keys = a
-            .bootstrap_keys
-            .iter()
-            .map(|s| parse_public_key(s))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        (keys, None)
-    };
-    let psk = a.private.then(generate_psk).transpose()?;
-    let settings = SwarmSettings {
-        bootstraps,
-        attest_quorum: a.attest_quorum,
-        psk,
-        ..a.swarm.settings(&a.name, allow)
-    };
-    let m = build_manifest(&settings, &key, unix_now())?;
-    if let Some(p) = new_key {
-        write_key(&p, &key)?;
-        eprintln!("wrote the creator key to {}", p.display());
-    }
-    if let Some((p, k)) = new_boot_key {
-        write_key(&p, &k)?;
-        eprintln!("wrote the bootstrap node's key to {}", p.display());
-    }
-    if let Some(k) = psk {
-        write_swarm_key(&psk_path, &k)?;
-        eprintln!(
-            "wrote the swarm's pre-shared key to {} (give it to every member, privately)",
-            psk_path.display()
-        );
-    }
-    std::fs::write(&a.out, serde_json::to_string_pretty(&m)?)
-        .with_context(|| format!("cannot write {}", a.out.display()))?;
+    let m = &created.manifest;
     println!("swarm id: {}", m.swarm_id());
     println!("manifest: {}", a.out.display());
     println!("aggregator: {}", m.manifest.aggregator);

@@ -26,7 +26,7 @@ mod trainer;
 pub mod verify;
 mod windows;
 
-pub(crate) use sync::{checkpoint_and_serve, previous_checkpoint};
+pub use sync::{checkpoint_and_serve, previous_checkpoint};
 
 use windows::{device_info, spawn_availability_watch};
 
@@ -216,9 +216,9 @@ impl<B: AutodiffBackend> Driver<B> {
         store.set_manifest(&manifest)?;
 
         // Data.
-        let text = nightshift_bootstrap::load_corpus(&m.training.data, opts.data_path.as_deref())?;
+        let text = nightshift_genesis::load_corpus(&m.training.data, opts.data_path.as_deref())?;
         let tok = Tokenizer::from_vocab(m.model.vocab.clone())?;
-        let cfg = nightshift_bootstrap::model_config(&m.model);
+        let cfg = nightshift_genesis::model_config(&m.model);
         let corpus = Arc::new(Corpus::new(
             &text,
             &tok,
@@ -251,7 +251,7 @@ impl<B: AutodiffBackend> Driver<B> {
                 }
             );
         }
-        let genesis = nightshift_bootstrap::genesis_state(m);
+        let genesis = nightshift_genesis::genesis_state(m);
         if genesis.hash() != m.initial_state_hash {
             bail!(
                 "this build computes a different genesis state than the manifest's ({}); the swarm was created by an incompatible version",

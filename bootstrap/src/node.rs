@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-use crate::machine::{self, How, Input, Note, Output, RoundMachine};
-use crate::net::{self, NetEvent, Served, StatusCheck};
-use crate::round::io::NetIo;
-use crate::round::verify::Recipe;
-use crate::store::Store;
+use nightshift_daemon::machine::{self, How, Input, Note, Output, RoundMachine};
+use nightshift_daemon::net::{self, NetEvent, Served, StatusCheck};
+use nightshift_daemon::round::io::NetIo;
+use nightshift_daemon::round::verify::Recipe;
+use nightshift_daemon::store::Store;
 
 /// How often the machine's deadlines are re-checked.
 const TICK_MS: u64 = 300;
@@ -66,7 +66,7 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
             }
         );
     }
-    let genesis = nightshift_bootstrap::genesis_state(m);
+    let genesis = nightshift_genesis::genesis_state(m);
     anyhow::ensure!(
         genesis.hash() == m.initial_state_hash,
         "this build computes a different genesis state than the manifest's"
@@ -95,7 +95,7 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
         None => genesis.clone(),
     };
     let shapes = {
-        let cfg = nightshift_bootstrap::model_config(&m.model);
+        let cfg = nightshift_genesis::model_config(&m.model);
         let model =
             cfg.init::<nightshift_model::backend::Cpu>(&nightshift_model::backend::cpu_device());
         Arc::new(nightshift_model::flat::param_shapes::<
@@ -155,7 +155,7 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
         rounds: None,
         role: NodeRole::Bootstrap,
     };
-    let prev = crate::round::previous_checkpoint(&store, &state)?;
+    let prev = nightshift_daemon::round::previous_checkpoint(&store, &state)?;
     let mut m = RoundMachine::new(cfg, state);
     if let Some(p) = prev {
         m = m.with_prev(p);
@@ -237,7 +237,7 @@ impl Follower {
                         contributors = ns.state.formed_by.len(),
                         "following the swarm"
                     );
-                    crate::round::checkpoint_and_serve(
+                    nightshift_daemon::round::checkpoint_and_serve(
                         &self.store,
                         &self.io.net,
                         ns.state,

@@ -1,0 +1,19 @@
+//! What is decided before any node runs: identity keys, the signed swarm manifest and the
+//! genesis state. Every node reads it (the daemon depends on this crate); the bootstrap node and
+//! swarm creation sit above it, in `nightshift-bootstrap`, which re-exports it.
+//!
+//! # Layout
+//! - [`keys`] — ed25519 identity key files (`nightshift keygen`).
+//! - [`genesis`] — building and signing a manifest (`nightshift swarm init`), the genesis state
+//!   θ(0), and loading the corpus a manifest names.
+
+pub mod genesis;
+pub mod keys;
+
+pub use genesis::{
+    GenesisError, SwarmSettings, build_manifest, genesis_state, load_corpus, model_config,
+};
+pub use keys::{
+    KeyError, generate_key, generate_psk, parse_swarm_key, read_key, read_swarm_key, write_key,
+    write_swarm_key,
+};
