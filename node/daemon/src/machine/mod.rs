@@ -140,6 +140,9 @@ enum Stage {
     },
     Training {
         started: Millis,
+        /// Trainers on our state and round when training began (our plan for the round; a
+        /// peer that dies before it contributes is still missed).
+        planned_peers: u32,
     },
     Collecting(collect::Collecting),
     Reconciling(step::Reconciling),

@@ -12,7 +12,11 @@ impl RoundMachine {
     pub(super) fn start_training(&mut self, now: Millis, budget_ms: Option<Millis>) {
         self.holding.clear();
         self.announce(Phase::Training);
-        self.stage = Stage::Training { started: now };
+        let planned_peers = self.working_on(self.state.round).count() as u32;
+        self.stage = Stage::Training {
+            started: now,
+            planned_peers,
+        };
         self.out.push(Output::Train {
             state: self.state.clone(),
             hash: self.hash,
@@ -23,7 +27,11 @@ impl RoundMachine {
     }
 
     pub(super) fn on_trained(&mut self, now: Millis, t: Trained) {
-        let Stage::Training { started } = self.stage else {
+        let Stage::Training {
+            started,
+            planned_peers,
+        } = self.stage
+        else {
             return;
         };
         let r = self.state.round;
@@ -55,8 +63,11 @@ impl RoundMachine {
             }
         };
         let wire_delta_bytes = enc.body.len() as u64;
-        // The round's plan as this node sees it: the trainers working on it, itself included.
-        let expected = (1 + self.working_on(r).count() as u32).min(MAX_EXPECTED);
+        // The round's plan as this node sees it: the trainers working on it, itself included —
+        // those on it when we began (one that died since is a contribution missing, and the
+        // round's step shrinks for it) or now (one that joined late), whichever are more.
+        let now_peers = self.working_on(r).count() as u32;
+        let expected = (1 + planned_peers.max(now_peers)).min(MAX_EXPECTED);
         let contribution = Contribution {
             tokens: t.tokens,
             inner_steps: t.steps,

@@ -248,3 +248,40 @@ fn contributions_that_came_before_training_count_or_are_refused_once_it_ends() {
         "{outs:?}"
     );
 }
+
+#[test]
+fn a_peer_that_dies_during_the_round_is_still_expected_in_it() {
+    let (mut m, keys) = node(2);
+    let h = m.hash();
+    let outs = m.handle(T0, Input::Tick);
+    let more = answer_asks(&mut m, T0, &outs, |_| Some(status(0, h, Phase::Ready, T0)));
+    assert_eq!(train_of(&[outs, more].concat()).map(|t| t.0), Some(0));
+    for k in &keys {
+        m.handle(
+            T0 + 10,
+            Input::Status {
+                from: *k,
+                status: status(0, h, Phase::Training, T0 + 10),
+            },
+        );
+    }
+    // Peer 3 dies while we train: its contribution will be missing from the round, which the
+    // round's plan (the contributions' `expected`) must still count, so that the step shrinks.
+    m.handle(T0 + 500, Input::Disconnected(pk(3)));
+    let outs = m.handle(T0 + 1_000, Input::Trained(trained(0.1)));
+    let own = outs
+        .iter()
+        .find_map(|o| match o {
+            Output::Hold(e) => Some(e.clone()),
+            _ => None,
+        })
+        .expect("our contribution");
+    let c: Contribution = wire::decode(&own.payload, own.payload.len()).unwrap();
+    assert_eq!(c.expected, 3);
+    // Pushed only to the peer still there.
+    let pushed = outs.iter().find_map(|o| match o {
+        Output::Push { to, .. } => Some(to.clone()),
+        _ => None,
+    });
+    assert_eq!(pushed, Some(vec![pk(2)]));
+}
