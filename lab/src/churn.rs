@@ -28,12 +28,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::process::Child;
 
-use nightshift_node::cmd::demo::{
-    local_node_args, new_bootstrap_key, start_bootstrap, tempfile_dir,
-};
+use nightshift_node::cmd::demo::{local_node_args, start_bootstrap, tempfile_dir};
 use nightshift_node::cmd::swarm::SwarmFlags;
 use nightshift_node::events::{NodeEvent, read_timed_events};
 use nightshift_node::plot::{Series, line_chart};
+
+use crate::local::{LocalSwarm, start_node};
 
 impl ChurnArgs {
     /// Threads of each node process: `--threads-per-node`, else this machine's cores.
@@ -341,22 +341,10 @@ async fn run_plan(
     let started = Instant::now();
     let dir = dir.join(plan.name);
     std::fs::create_dir_all(&dir)?;
-    let creator = nightshift_bootstrap::generate_key()?;
-    let mut allow = vec![];
-    let mut keys = vec![];
-    for i in 0..plan.nodes {
-        let k = nightshift_bootstrap::generate_key()?;
-        nightshift_bootstrap::write_key(&dir.join(format!("node{i}.key.json")), &k)?;
-        allow.push(k.verifying_key().to_bytes());
-        keys.push(hex::encode(&k.verifying_key().to_bytes()[..6]));
-    }
-    let mpath = dir.join("manifest.json");
-    let settings = nightshift_bootstrap::SwarmSettings {
-        bootstraps: vec![new_bootstrap_key(&mpath)?],
-        ..args.swarm.settings("churn-bench", allow)
-    };
-    let manifest = nightshift_bootstrap::build_manifest(&settings, &creator, 0)?;
-    std::fs::write(&mpath, serde_json::to_string_pretty(&manifest)?)?;
+    let swarm = LocalSwarm::write(&dir, plan.nodes, |allow| {
+        args.swarm.settings("churn-bench", allow)
+    })?;
+    let (mpath, keys) = (swarm.manifest, swarm.short_keys);
     let (_boot, boot_addr) = start_bootstrap(&dir, &mpath, started).await?;
     let node_args = |i: usize| -> Vec<String> {
         let mut a = local_node_args(&dir, &mpath, &boot_addr, i);
@@ -372,17 +360,12 @@ async fn run_plan(
         ]);
         a
     };
-    let threads = args.threads().to_string();
     let start_node = |i: usize, tag: &str| -> anyhow::Result<Child> {
-        let mut c = tokio::process::Command::new(nightshift_node::cmd::demo::nightshift_exe()?);
-        let log = std::fs::File::create(dir.join(format!("node{i}{tag}.log")))?;
-        c.args(node_args(i))
-            .env("RAYON_NUM_THREADS", &threads)
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true);
-        c.spawn().context("cannot start a node")
+        start_node(
+            &node_args(i),
+            args.threads(),
+            &dir.join(format!("node{i}{tag}.log")),
+        )
     };
     let now_ms = || {
         std::time::SystemTime::now()

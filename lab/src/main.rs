@@ -17,6 +17,7 @@
 mod byzantine;
 mod churn;
 mod convergence;
+mod local;
 mod replay;
 mod results;
 mod scale;

@@ -8,17 +8,16 @@
 //! nodes and rounds; a process swarm's first round (which includes finding the peers) is left
 //! out.
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Args;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nightshift_node::cmd::demo::{
-    local_node_args, new_bootstrap_key, start_bootstrap, tempfile_dir,
-};
+use nightshift_node::cmd::demo::{local_node_args, start_bootstrap, tempfile_dir};
 use nightshift_node::events::{NodeEvent, read_timed_events};
 
+use crate::local::{LocalSwarm, start_node};
 use crate::results::{Recorded, commit_here};
 use crate::sim::{SimArgs, simulate};
 
@@ -77,24 +76,13 @@ fn median<T: Copy + PartialOrd>(mut v: Vec<T>) -> Option<T> {
 async fn run_processes(a: &ScaleArgs, n: usize, dir: &Path) -> anyhow::Result<ScaleRun> {
     let started = Instant::now();
     let dir = dir.join(format!("n{n}"));
-    std::fs::create_dir_all(&dir)?;
-    let creator = nightshift_bootstrap::generate_key()?;
-    let mut allow = vec![];
-    for i in 0..n {
-        let k = nightshift_bootstrap::generate_key()?;
-        nightshift_bootstrap::write_key(&dir.join(format!("node{i}.key.json")), &k)?;
-        allow.push(k.verifying_key().to_bytes());
-    }
-    let mpath = dir.join("manifest.json");
-    let settings = nightshift_bootstrap::SwarmSettings {
+    let mpath = LocalSwarm::write(&dir, n, |allowlist| nightshift_bootstrap::SwarmSettings {
         name: format!("scale-{n}"),
         preset: a.preset.clone(),
-        allowlist: allow,
-        bootstraps: vec![new_bootstrap_key(&mpath)?],
+        allowlist,
         ..nightshift_bootstrap::SwarmSettings::default()
-    };
-    let manifest = nightshift_bootstrap::build_manifest(&settings, &creator, 0)?;
-    std::fs::write(&mpath, serde_json::to_string_pretty(&manifest)?)?;
+    })?
+    .manifest;
     let (_boot, boot_addr) = start_bootstrap(&dir, &mpath, started).await?;
     let mut children = vec![];
     for i in 0..n {
@@ -112,18 +100,7 @@ async fn run_processes(a: &ScaleArgs, n: usize, dir: &Path) -> anyhow::Result<Sc
             ]
             .map(String::from),
         );
-        let log = std::fs::File::create(dir.join(format!("node{i}.log")))?;
-        children.push(
-            tokio::process::Command::new(nightshift_node::cmd::demo::nightshift_exe()?)
-                .args(args)
-                .env("RAYON_NUM_THREADS", "1")
-                .stdin(std::process::Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .kill_on_drop(true)
-                .spawn()
-                .context("cannot start a node")?,
-        );
+        children.push(start_node(&args, 1, &dir.join(format!("node{i}.log")))?);
     }
     let deadline = Instant::now() + Duration::from_secs_f64(a.max_secs);
     let mut last_print = Instant::now();
