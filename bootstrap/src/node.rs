@@ -122,6 +122,7 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
             bootstrap: opts.peers,
             admitted: admitted.clone(),
             psk: opts.psk,
+            relay_server: true,
         },
         served,
     )?;
@@ -129,13 +130,16 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
     let mut addrs = vec![];
     for _ in 0..100 {
         addrs = net.listen_addrs().await;
-        if !addrs.is_empty() {
+        if addrs.iter().any(is_tcp) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The TCP address when there is one: every node can dial it (pnet swarms have no QUIC).
     let first = addrs
-        .first()
+        .iter()
+        .find(|a| is_tcp(a))
+        .or(addrs.first())
         .context("the bootstrap node got no listen address")?;
     info!(swarm = %swarm_id, address = %first, round = state.round, "bootstrap node ready");
     println!("{first}");
@@ -173,6 +177,11 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
     f.run(events, answers, opts.shutdown).await;
     info!(round = f.m.round(), "bootstrap node stopping");
     Ok(())
+}
+
+fn is_tcp(addr: &Multiaddr) -> bool {
+    addr.iter()
+        .any(|p| matches!(p, libp2p::multiaddr::Protocol::Tcp(_)))
 }
 
 /// The bootstrap's round machine (a follower: it never trains) and its network side.

@@ -4,6 +4,7 @@
 //! The binary is the one cargo built next to the test executable (`target/<profile>/nightshift`);
 //! `cargo test --workspace` builds it because `nightshift-node` has integration tests of its own.
 
+pub mod netns;
 pub mod probe;
 
 use nightshift_node::events::{NodeEvent, read_events};
@@ -92,8 +93,20 @@ pub fn run_ok(args: &[&str]) -> String {
 
 /// Starts the binary with its output in `dir/<name>.log`.
 pub fn spawn(dir: &Path, name: &str, args: &[String]) -> Proc {
+    spawn_cmd(Command::new(nightshift_bin()), dir, name, args)
+}
+
+/// Starts the binary inside network namespace `ns` (`ip netns exec`), its output in
+/// `dir/<name>.log`.
+pub fn spawn_in(ns: &str, dir: &Path, name: &str, args: &[String]) -> Proc {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns]).arg(nightshift_bin());
+    spawn_cmd(cmd, dir, name, args)
+}
+
+fn spawn_cmd(mut cmd: Command, dir: &Path, name: &str, args: &[String]) -> Proc {
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log file");
-    let child = Command::new(nightshift_bin())
+    let child = cmd
         .args(args)
         .env("NIGHTSHIFT_LOG", "info,nightshift_node=debug")
         .stdin(Stdio::null())
@@ -210,6 +223,31 @@ impl TestSwarm {
     /// Starts trainer `i` with `extra` arguments (which must say `--idle SPEC`: the default,
     /// `auto`, reads this shared machine's CPU load).
     pub fn node_with(&self, i: usize, bootstrap: &str, rounds: u64, extra: &[&str]) -> Proc {
+        let args = self.node_args(i, bootstrap, rounds, extra);
+        spawn(
+            &self.dir,
+            &format!("node{i}-{}", Instant::now().elapsed().as_nanos()),
+            &args,
+        )
+    }
+
+    /// The `run` arguments of trainer `i` (listening on 127.0.0.1 unless `extra` says
+    /// `--listen`).
+    pub fn node_args(&self, i: usize, bootstrap: &str, rounds: u64, extra: &[&str]) -> Vec<String> {
+        let listen = extra
+            .iter()
+            .position(|a| *a == "--listen")
+            .and_then(|p| extra.get(p + 1))
+            .copied()
+            .unwrap_or("/ip4/127.0.0.1/tcp/0");
+        let extra: Vec<&str> = match extra.iter().position(|a| *a == "--listen") {
+            Some(p) => extra[..p]
+                .iter()
+                .chain(&extra[(p + 2).min(extra.len())..])
+                .copied()
+                .collect(),
+            None => extra.to_vec(),
+        };
         let mut args: Vec<String> = vec![
             "run".into(),
             "--manifest".into(),
@@ -222,7 +260,7 @@ impl TestSwarm {
             "--bootstrap".into(),
             bootstrap.into(),
             "--listen".into(),
-            "/ip4/127.0.0.1/tcp/0".into(),
+            listen.into(),
             "--data-dir".into(),
             self.dir.join(format!("node{i}")).display().to_string(),
             "--rounds".into(),
@@ -236,11 +274,7 @@ impl TestSwarm {
             args.extend(["--min-peers".into(), (self.nodes - 1).to_string()]);
         }
         args.extend(extra.iter().map(|a| (*a).to_string()));
-        spawn(
-            &self.dir,
-            &format!("node{i}-{}", Instant::now().elapsed().as_nanos()),
-            &args,
-        )
+        args
     }
 
     /// Node `i`'s events so far.

@@ -10,6 +10,7 @@
 pub mod codec;
 mod event_loop;
 pub mod limits;
+pub mod reach;
 mod served;
 
 pub use codec::{TrafficCounters, WireCodec};
@@ -20,6 +21,28 @@ pub use event_loop::{
 
 use libp2p::{PeerId, identity};
 use nightshift_protocol::{Hash32, SignedEnvelope, Status, StatusError, open_status};
+
+/// Keeps `info["network"]` (what `nightshift status` shows) equal to `reach`, refreshed every
+/// second, for as long as the process runs.
+pub fn show_reachability(
+    reach: std::sync::Arc<std::sync::RwLock<reach::Reachability>>,
+    info: std::sync::Arc<std::sync::RwLock<serde_json::Value>>,
+) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let Ok(r) = reach.read().map(|r| r.clone()) else {
+                return;
+            };
+            if let Ok(mut v) = info.write()
+                && v.is_object()
+            {
+                v["network"] = serde_json::to_value(&r).unwrap_or_default();
+            }
+        }
+    });
+}
 
 /// Milliseconds since the Unix epoch by this machine's clock (0 if it is before 1970).
 pub fn unix_ms() -> u64 {

@@ -316,6 +316,7 @@ impl<B: AutodiffBackend> Driver<B> {
                 bootstrap: opts.bootstrap,
                 admitted,
                 psk: opts.psk,
+                relay_server: false,
             },
             served,
         )?;
@@ -336,6 +337,7 @@ impl<B: AutodiffBackend> Driver<B> {
         }
         let avail = Arc::new(AtomicBool::new(true));
         let closing = Arc::new(Mutex::new(Closing::default()));
+        let reach = net.reach.clone();
         info!(swarm = %swarm_id.short(), peer = %net.local_peer, round = state.round, params = num_params, resumed, "trainer started");
         let val_loss = compute.val_loss();
         sink.emit(&NodeEvent::Started {
@@ -402,7 +404,9 @@ impl<B: AutodiffBackend> Driver<B> {
             device: device_info::<B>(),
             tokens_per_sec: None,
             window_published: None,
-            control_info: opts.control_info,
+            control_info: opts.control_info.inspect(|info| {
+                net::show_reachability(reach.clone(), info.clone());
+            }),
             round: None,
             paused_since: None,
             syncing_since: None,

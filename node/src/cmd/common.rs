@@ -135,6 +135,7 @@ pub(crate) async fn fetch_manifest(
             bootstrap: bootstrap.to_vec(),
             admitted: None,
             psk,
+            relay_server: false,
         },
         served,
     )?;

@@ -4,6 +4,7 @@ pub mod bootstrap;
 pub mod common;
 pub mod control;
 pub mod demo;
+pub mod doctor;
 pub mod keygen;
 pub mod peers;
 pub mod run;
@@ -44,6 +45,9 @@ pub enum Command {
     Status(control::ControlArgs),
     /// List the swarm's nodes with their advertised windows and state.
     Peers(peers::PeersArgs),
+    /// Check whether this machine can take part: its device, and whether peers can reach it
+    /// (directly, or through a bootstrap node's relay behind a NAT), with what to do if not.
+    Doctor(doctor::DoctorArgs),
     /// The benchmarks moved to `nightshift-lab` (this says how to run them).
     #[command(hide = true)]
     Bench {
@@ -73,6 +77,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Resume(a) => control::control_command(&a, "resume").await,
         Command::Status(a) => control::control_command(&a, "status").await,
         Command::Peers(a) => peers::run_peers(a).await,
+        Command::Doctor(a) => doctor::run_doctor(a).await,
         Command::Bench { rest } => anyhow::bail!(
             "the benchmarks are not part of nightshift: run `nightshift-lab {}` (built by \
              `cargo build --release -p nightshift-lab`)",

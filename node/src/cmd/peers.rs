@@ -137,6 +137,7 @@ pub async fn run_peers(a: PeersArgs) -> anyhow::Result<()> {
             bootstrap: a.bootstrap.clone(),
             admitted: None,
             psk,
+            relay_server: false,
         },
         served,
     )?;

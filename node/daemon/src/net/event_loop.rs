@@ -11,8 +11,8 @@ use libp2p::request_response::{
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent, dial_opts::DialOpts};
 use libp2p::{
-    Multiaddr, PeerId, StreamProtocol, Swarm, Transport, allow_block_list, connection_limits,
-    identify, noise, ping, pnet, tcp, yamux,
+    Multiaddr, PeerId, StreamProtocol, Swarm, Transport, allow_block_list, autonat,
+    connection_limits, dcutr, identify, noise, ping, pnet, relay, tcp, yamux,
 };
 use nightshift_protocol::message::{open_window, window_key};
 use nightshift_protocol::{Hash32, Request, Response, SignedEnvelope, Status, wire};
@@ -25,8 +25,12 @@ use tracing::{debug, info, warn};
 use super::StatusCheck;
 use super::codec::{TrafficCounters, WireCodec};
 use super::limits::{PeerLimits, Verdict};
+use super::reach::Reachability;
 
+mod build;
+mod dht;
 mod inbound;
+mod nat;
 
 pub use super::served::{Served, ServedHandle, encode_state};
 
@@ -34,6 +38,9 @@ pub use super::served::{Served, ServedHandle, encode_state};
 pub const REQUEST_TIMEOUT_SECS: u64 = 120;
 /// How long a window record lives in Kademlia without a refresh.
 pub const WINDOW_TTL_SECS: u64 = 600;
+/// How long the node waits for a listen address that suits a bootstrap address before dialling
+/// it anyway.
+const BOOTSTRAP_DIAL_WAIT_MS: u64 = 2000;
 /// How often the node looks for more swarm peers through Kademlia.
 const DISCOVERY_INTERVAL_MS: u64 = 2000;
 
@@ -83,6 +90,14 @@ struct Behaviour {
     ping: ping::Behaviour,
     kad: kad::Behaviour<MemoryStore>,
     rr: request_response::Behaviour<WireCodec>,
+    /// Reservations on relays and circuits through them (see [`super::reach`]).
+    relay_client: relay::client::Behaviour,
+    /// Relaying for others: on in bootstrap nodes.
+    relay: Toggle<relay::Behaviour>,
+    /// Hole punching over relayed connections.
+    dcutr: dcutr::Behaviour,
+    /// Whether peers can dial this node back.
+    autonat: autonat::Behaviour,
 }
 
 type Reply<T> = oneshot::Sender<T>;
@@ -107,6 +122,8 @@ pub struct NetHandle {
     pub local_peer: PeerId,
     pub served: ServedHandle,
     pub traffic: Arc<TrafficCounters>,
+    /// This node's reachability, kept up to date by the network task.
+    pub reach: Arc<std::sync::RwLock<Reachability>>,
 }
 
 impl NetHandle {
@@ -229,10 +246,18 @@ pub struct NetConfig {
     /// The swarm's pre-shared key: every connection then runs libp2p pnet under noise, so a
     /// peer without the key cannot complete a handshake at all. pnet works over TCP only.
     pub psk: Option<[u8; 32]>,
+    /// Relay circuits for other nodes (bootstrap nodes do), within [`super::reach::relay_config`]'s
+    /// limits.
+    pub relay_server: bool,
 }
 
+/// A relay circuit carries at most this many of the largest frames, then closes (the peers
+/// reconnect through a new one, or directly).
+const RELAYED_FRAMES_PER_CIRCUIT: u64 = 64;
+
 /// Most connections a node keeps with one peer, and in all.
-const MAX_CONNECTIONS_PER_PEER: u32 = 2;
+/// (A relayed connection and direct ones over TCP and QUIC may overlap while a hole is punched.)
+const MAX_CONNECTIONS_PER_PEER: u32 = 4;
 const MAX_CONNECTIONS: u32 = 512;
 const MAX_PENDING_INCOMING: u32 = 64;
 /// Concurrent request-response streams on one connection (each may carry a frame of up to
@@ -255,6 +280,7 @@ pub fn spawn_network(
         bootstrap,
         admitted,
         psk,
+        relay_server,
     } = cfg;
     let protocols = super::protocol_names(&swarm_id);
     let traffic = Arc::new(TrafficCounters::default());
@@ -268,77 +294,29 @@ pub fn spawn_network(
             .collect()
     });
     let status_check = StatusCheck::new(swarm_id, admitted.clone());
-    let psk = psk.map(pnet::PreSharedKey::new);
-    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
-        .with_tokio()
-        .with_other_transport(
-            |key| -> Result<_, Box<dyn std::error::Error + Send + Sync>> {
-                let base = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
-                let maybe_private =
-                    match psk {
-                        Some(psk) => either::Either::Left(base.and_then(move |socket, _| {
-                            pnet::PnetConfig::new(psk).handshake(socket)
-                        })),
-                        None => either::Either::Right(base),
-                    };
-                Ok(maybe_private
-                    .upgrade(Version::V1Lazy)
-                    .authenticate(noise::Config::new(key)?)
-                    .multiplex(yamux::Config::default())
-                    .timeout(Duration::from_secs(20)))
-            },
-        )?
-        .with_behaviour(|key| {
-            let peer = key.public().to_peer_id();
-            let mut kcfg = kad::Config::new(kad_proto.clone());
-            kcfg.set_query_timeout(Duration::from_secs(30));
-            // Records are verified (signed window records of this swarm) before they are stored.
-            kcfg.set_record_filtering(kad::StoreInserts::FilterBoth);
-            kcfg.set_record_ttl(Some(Duration::from_secs(WINDOW_TTL_SECS)));
-            let mut kad = kad::Behaviour::with_config(peer, MemoryStore::new(peer), kcfg);
-            kad.set_mode(Some(kad::Mode::Server));
-            let gate = admitted_peers.as_ref().map(|peers| {
-                let mut g =
-                    allow_block_list::Behaviour::<allow_block_list::AllowedPeers>::default();
-                for p in peers {
-                    g.allow_peer(*p);
-                }
-                g
-            });
-            Behaviour {
-                gate: Toggle::from(gate),
-                limits: connection_limits::Behaviour::new(
-                    connection_limits::ConnectionLimits::default()
-                        .with_max_established_per_peer(Some(MAX_CONNECTIONS_PER_PEER))
-                        .with_max_established(Some(MAX_CONNECTIONS))
-                        .with_max_pending_incoming(Some(MAX_PENDING_INCOMING)),
-                ),
-                identify: identify::Behaviour::new(
-                    identify::Config::new("/nightshift/1.0.0".into(), key.public())
-                        .with_agent_version(format!("nightshift/{}", env!("CARGO_PKG_VERSION"))),
-                ),
-                ping: ping::Behaviour::new(ping::Config::new()),
-                kad,
-                rr: request_response::Behaviour::with_codec(
-                    codec,
-                    [(rr_proto, ProtocolSupport::Full)],
-                    request_response::Config::default()
-                        .with_request_timeout(Duration::from_secs(REQUEST_TIMEOUT_SECS))
-                        .with_max_concurrent_streams(MAX_STREAMS_PER_CONNECTION),
-                ),
-            }
-        })?
-        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(3600)))
-        .build();
+    let mut swarm = build::swarm(
+        keypair,
+        psk,
+        relay_server.then_some(max_frame as u64 * RELAYED_FRAMES_PER_CIRCUIT),
+        kad_proto.clone(),
+        rr_proto,
+        codec,
+        admitted_peers.clone(),
+    )?;
     swarm
         .listen_on(listen.clone())
         .with_context(|| format!("cannot listen on {listen}"))?;
-    for addr in bootstrap {
+    if psk.is_none()
+        && let Some(quic) = super::reach::quic_beside(&listen)
+        && let Err(e) = swarm.listen_on(quic.clone())
+    {
+        warn!(address = %quic, error = %e, "cannot listen for QUIC; TCP only");
+    }
+    let mut bootstrap_peers = HashMap::new();
+    for addr in &bootstrap {
         if let Some(Protocol::P2p(peer)) = addr.iter().last() {
             swarm.behaviour_mut().kad.add_address(&peer, addr.clone());
-        }
-        if let Err(e) = swarm.dial(addr.clone()) {
-            warn!(%addr, error = %e, "cannot dial bootstrap address");
+            bootstrap_peers.insert(peer, addr.clone());
         }
     }
     let (cmd_tx, cmd_rx) = mpsc::channel(256);
@@ -348,6 +326,11 @@ pub fn spawn_network(
         local_peer: *swarm.local_peer_id(),
         served: served.clone(),
         traffic,
+        reach: Arc::new(std::sync::RwLock::new(Reachability {
+            nat: "unknown".into(),
+            relay_server,
+            ..Reachability::default()
+        })),
     };
     let ev = EventLoop {
         swarm,
@@ -366,6 +349,8 @@ pub fn spawn_network(
         inflight_bytes: HashMap::new(),
         inflight_total: 0,
         queued_pushes: HashMap::new(),
+        nat: nat::NatState::new(handle.reach.clone(), bootstrap_peers),
+        bootstrap_dials: bootstrap,
     };
     tokio::spawn(ev.run());
     Ok((handle, ev_rx))
@@ -401,6 +386,10 @@ struct EventLoop {
     inflight_total: u64,
     /// Pushed contributions of each peer waiting in the round task's queue.
     queued_pushes: HashMap<PeerId, Arc<std::sync::atomic::AtomicUsize>>,
+    /// Connections by kind, relay reservations, what AutoNAT and hole punching said.
+    nat: nat::NatState,
+    /// Bootstrap addresses not dialled yet (see [`EventLoop::dial_bootstraps`]).
+    bootstrap_dials: Vec<Multiaddr>,
 }
 
 /// Inbound requests one peer may have in flight at once; more are dropped unanswered.
@@ -415,8 +404,11 @@ impl EventLoop {
 
     async fn run(mut self) {
         let mut discovery = tokio::time::interval(Duration::from_millis(DISCOVERY_INTERVAL_MS));
+        let dial_anyway = tokio::time::sleep(Duration::from_millis(BOOTSTRAP_DIAL_WAIT_MS));
+        tokio::pin!(dial_anyway);
         loop {
             tokio::select! {
+                () = &mut dial_anyway, if !self.bootstrap_dials.is_empty() => self.dial_bootstraps(None),
                 ev = self.swarm.select_next_some() => self.on_swarm_event(ev),
                 cmd = self.cmds.recv() => match cmd {
                     Some(c) => self.on_command(c),
@@ -428,24 +420,48 @@ impl EventLoop {
         debug!("network task stopped");
     }
 
+    /// Dials the bootstrap addresses that a connection from `listening` (a TCP address this node
+    /// just began to listen on) can reach, or all that are left when `None`. Dialling from the
+    /// listen port (TCP port reuse) makes peers see this node at its listen port, which is what
+    /// a port-preserving NAT maps it to and what hole punching needs; the port can be used only
+    /// once the listener is up.
+    fn dial_bootstraps(&mut self, listening: Option<&Multiaddr>) {
+        let ip_of = |a: &Multiaddr| {
+            a.iter().find_map(|p| match p {
+                Protocol::Ip4(ip) => Some(std::net::IpAddr::V4(ip)),
+                Protocol::Ip6(ip) => Some(std::net::IpAddr::V6(ip)),
+                _ => None,
+            })
+        };
+        let local = match listening {
+            Some(a) if a.iter().any(|p| matches!(p, Protocol::Tcp(_))) => match ip_of(a) {
+                Some(ip) => Some(ip),
+                None => return,
+            },
+            Some(_) => return,
+            None => None,
+        };
+        let (now, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.bootstrap_dials)
+            .into_iter()
+            .partition(|addr| match (local, ip_of(addr)) {
+                (None, _) => true,
+                (Some(l), Some(r)) => {
+                    l.is_ipv4() == r.is_ipv4() && l.is_loopback() == r.is_loopback()
+                }
+                (Some(_), None) => false,
+            });
+        self.bootstrap_dials = later;
+        for addr in now {
+            if let Err(e) = self.swarm.dial(addr.clone()) {
+                warn!(%addr, error = %e, "cannot dial bootstrap address");
+            }
+        }
+    }
+
     fn discover(&mut self) {
         if self.swarm.connected_peers().next().is_some() {
             let me = *self.swarm.local_peer_id();
             self.swarm.behaviour_mut().kad.get_closest_peers(me);
-        }
-    }
-
-    fn dial_peer(&mut self, peer: PeerId, addrs: Vec<Multiaddr>) {
-        if peer == *self.swarm.local_peer_id()
-            || self.swarm.is_connected(&peer)
-            || addrs.is_empty()
-            || !self.admits(&peer)
-        {
-            return;
-        }
-        let opts = DialOpts::peer_id(peer).addresses(addrs).build();
-        if let Err(e) = self.swarm.dial(opts) {
-            debug!(%peer, error = %e, "dial failed");
         }
     }
 
@@ -499,22 +515,6 @@ impl EventLoop {
         }
     }
 
-    /// The window envelope in `record` when it is a valid, signed window of this swarm stored
-    /// under its sender's key.
-    fn valid_window(&self, record: &kad::Record) -> Option<SignedEnvelope> {
-        let env: SignedEnvelope = wire::decode(
-            &record.value,
-            nightshift_protocol::message::MAX_WINDOW_TEXT * 8,
-        )
-        .ok()?;
-        let expected = window_key(&self.swarm_id, &env.header.sender);
-        if record.key.as_ref() != expected.as_slice() {
-            return None;
-        }
-        open_window(&env, &self.swarm_id).ok()?;
-        Some(env)
-    }
-
     fn forward(&self, ev: NetEvent) {
         if let Err(e) = self.events.try_send(ev) {
             warn!(error = %e, "round task is not keeping up; dropped a network event");
@@ -523,24 +523,62 @@ impl EventLoop {
 
     fn on_swarm_event(&mut self, ev: SwarmEvent<BehaviourEvent>) {
         match ev {
-            SwarmEvent::NewListenAddr { address, .. } => {
-                let full = address.with(Protocol::P2p(*self.swarm.local_peer_id()));
+            SwarmEvent::NewListenAddr {
+                address,
+                listener_id,
+            } => {
+                let full = if address
+                    .iter()
+                    .last()
+                    .is_some_and(|p| matches!(p, Protocol::P2p(_)))
+                {
+                    address
+                } else {
+                    address.with(Protocol::P2p(*self.swarm.local_peer_id()))
+                };
                 info!(address = %full, "listening");
+                self.dial_bootstraps(Some(&full));
+                self.nat.on_listen_addr(listener_id, &full);
                 self.listen_addrs.push(full);
+            }
+            SwarmEvent::ExpiredListenAddr { address, .. } => {
+                let full = address
+                    .clone()
+                    .with(Protocol::P2p(*self.swarm.local_peer_id()));
+                self.listen_addrs.retain(|a| *a != address && *a != full);
+                self.nat.on_listen_addr_gone(&address);
+            }
+            SwarmEvent::ListenerClosed { listener_id, .. } => {
+                self.nat.on_listener_closed(listener_id);
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id,
                 num_established,
+                endpoint,
+                connection_id,
                 ..
-            } if num_established.get() == 1 => {
-                debug!(peer = %peer_id, "connected");
-                self.forward(NetEvent::PeerConnected(peer_id));
+            } => {
+                self.on_connection(peer_id, connection_id, &endpoint);
+                if num_established.get() == 1 {
+                    debug!(peer = %peer_id, "connected");
+                    self.forward(NetEvent::PeerConnected(peer_id));
+                }
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
+                connection_id,
+                num_established,
+                ..
+            } if num_established > 0 => {
+                self.nat.on_connection_closed(peer_id, connection_id);
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                connection_id,
                 num_established: 0,
                 ..
             } => {
+                self.nat.on_connection_closed(peer_id, connection_id);
                 debug!(peer = %peer_id, "disconnected");
                 if let Some(ids) = self.inflight.remove(&peer_id) {
                     for id in ids {
@@ -559,107 +597,32 @@ impl EventLoop {
             SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
                 peer_id,
                 info,
-                ..
+                connection_id,
             })) if info.protocols.contains(&self.kad_proto) && self.admits(&peer_id) => {
-                // Only peers that speak this swarm's Kademlia protocol go into the routing table.
+                self.nat.observed(&info.observed_addr);
+                if info.protocols.contains(&relay::HOP_PROTOCOL_NAME) {
+                    self.maybe_reserve(peer_id);
+                }
+                // Only peers that speak this swarm's Kademlia protocol go into the routing table;
+                // a peer's loopback addresses only when it is on this machine.
+                let local = self.nat.is_loopback(peer_id, connection_id);
                 for addr in info.listen_addrs {
-                    self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                    if local || !super::reach::is_loopback(&addr) {
+                        self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                    }
                 }
             }
+            SwarmEvent::OutgoingConnectionError {
+                peer_id: Some(peer),
+                error,
+                ..
+            } => self.on_dial_failed(peer, &error),
+            SwarmEvent::Behaviour(BehaviourEvent::Autonat(ev)) => self.on_autonat(ev),
+            SwarmEvent::Behaviour(BehaviourEvent::Dcutr(ev)) => self.on_dcutr(ev),
+            SwarmEvent::Behaviour(BehaviourEvent::RelayClient(ev)) => self.on_relay_client(ev),
+            SwarmEvent::Behaviour(BehaviourEvent::Relay(ev)) => self.nat.on_relay_server(ev),
             SwarmEvent::Behaviour(BehaviourEvent::Kad(ev)) => self.on_kad(ev),
             SwarmEvent::Behaviour(BehaviourEvent::Rr(ev)) => self.on_rr(ev),
-            _ => {}
-        }
-    }
-
-    fn on_kad(&mut self, ev: kad::Event) {
-        match ev {
-            kad::Event::RoutingUpdated {
-                peer, addresses, ..
-            } => {
-                self.dial_peer(peer, addresses.into_vec());
-            }
-            kad::Event::OutboundQueryProgressed {
-                result: kad::QueryResult::GetClosestPeers(Ok(ok)),
-                ..
-            } => {
-                for p in ok.peers {
-                    if self.admits(&p.peer_id) {
-                        self.dial_peer(p.peer_id, p.addrs);
-                    } else {
-                        // Another node's routing table listed an outsider: keep it out of ours.
-                        self.swarm.behaviour_mut().kad.remove_peer(&p.peer_id);
-                    }
-                }
-            }
-            kad::Event::InboundRequest {
-                request:
-                    kad::InboundRequest::PutRecord {
-                        source,
-                        record: Some(record),
-                        ..
-                    },
-            } => match self.valid_window(&record) {
-                Some(env) => {
-                    // Keep the newer of two records for the same sender.
-                    let held = self
-                        .swarm
-                        .behaviour_mut()
-                        .kad
-                        .store_mut()
-                        .get(&record.key)
-                        .map(|r| r.into_owned());
-                    // What the store holds was verified when it went in: only its time stamp
-                    // matters here.
-                    let older = held
-                        .and_then(|r| {
-                            wire::decode::<SignedEnvelope>(
-                                &r.value,
-                                nightshift_protocol::message::MAX_WINDOW_TEXT * 8,
-                            )
-                            .ok()
-                        })
-                        .is_some_and(|held| held.header.round > env.header.round);
-                    if !older && let Err(e) = self.swarm.behaviour_mut().kad.store_mut().put(record)
-                    {
-                        debug!(peer = %source, error = %e, "window record not stored");
-                    }
-                }
-                None => {
-                    debug!(peer = %source, "refused a record that is not a valid window of this swarm")
-                }
-            },
-            kad::Event::OutboundQueryProgressed {
-                id,
-                result: kad::QueryResult::GetRecord(result),
-                step,
-                ..
-            } => {
-                let Some(mut q) = self.window_queries.remove(&id) else {
-                    return;
-                };
-                let mut finished = step.last;
-                match result {
-                    Ok(kad::GetRecordOk::FoundRecord(found)) => {
-                        if let Some(env) = self.valid_window(&found.record)
-                            && env.header.sender == q.sender
-                            && q.best
-                                .as_ref()
-                                .is_none_or(|b| b.header.round < env.header.round)
-                        {
-                            q.best = Some(env);
-                        }
-                    }
-                    Ok(kad::GetRecordOk::FinishedWithNoAdditionalRecord { .. }) | Err(_) => {
-                        finished = true;
-                    }
-                }
-                if finished {
-                    let _ = q.reply.send(q.best);
-                } else {
-                    self.window_queries.insert(id, q);
-                }
-            }
             _ => {}
         }
     }

@@ -192,6 +192,9 @@ impl<B: AutodiffBackend> Driver<B> {
                 "idle_reason": avail.as_ref().map(|a| a.reason.clone()).unwrap_or_default(),
                 "tokens_per_sec": self.tokens_per_sec,
             });
+            if let Ok(r) = self.io.net.reach.read() {
+                obj["network"] = serde_json::to_value(&*r).unwrap_or_default();
+            }
             if let Some(w) = window {
                 obj["window"] = serde_json::to_value(w).unwrap_or_default();
             } else if let Some(old) = v.get("window") {
