@@ -11,17 +11,21 @@
 //!   network, a virtual clock ([`sim`]).
 //! - `scale` — bytes and time per node per round as the swarm grows, as processes and in the
 //!   simulator ([`scale`]).
+//! - `links` — utilization and time to a target loss as links get slower, processes over an
+//!   emulated WAN ([`links`], [`wan`]).
 //!
 //! Every result file records its configuration, the commit and the seed.
 
 mod byzantine;
 mod churn;
 mod convergence;
+mod links;
 mod local;
 mod replay;
 mod results;
 mod scale;
 mod sim;
+mod wan;
 
 use clap::{Parser, Subcommand};
 
@@ -58,6 +62,10 @@ enum Command {
     /// What a round costs each node as the swarm grows: bytes up and down and round time, for
     /// swarms of real `nightshift` processes and, larger, in the simulator.
     Scale(scale::ScaleArgs),
+    /// How fast a swarm trains as its links get slower: real processes in network namespaces
+    /// joined by an emulated WAN (1, 10, 100 Mbit/s at 50 ms, and 1 % loss), utilization and
+    /// time to a target loss.
+    Links(links::LinksArgs),
     /// What verifying a state by replay costs (verify, decode, aggregate, outer step, hash) at
     /// each model preset, and the size of a signed status.
     Replay(replay::ReplayArgs),
@@ -82,6 +90,9 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Scale(a) => {
             scale::run_scale(a).await?;
+        }
+        Command::Links(a) => {
+            links::run_links(a).await?;
         }
         Command::Replay(a) => {
             tokio::task::spawn_blocking(move || replay::run_replay(a)).await??;

@@ -1,9 +1,11 @@
 //! The libp2p side of a node: one task owns the [`Swarm`]; everything else talks to it through a
 //! cloneable [`NetHandle`] over a bounded channel, each command carrying a oneshot reply.
 //!
-//! Transport: TCP + noise + yamux. Behaviours: identify, ping, Kademlia (server mode, protocol
-//! `/nightshift/<swarm>/kad/1.0.0`), and request-response with our own length-prefixed codec
-//! (`/nightshift/<swarm>/rr/1`). Inbound status, manifest, state and contribution look-ups are
+//! Transports: TCP + noise + yamux (with pnet under noise in a swarm with a pre-shared key), QUIC
+//! (not in such a swarm), and circuits through relays. Behaviours: identify, ping, Kademlia
+//! (server mode, protocol `/nightshift/<swarm>/kad/1.0.0`), request-response with our own
+//! length-prefixed codec (`/nightshift/<swarm>/rr/1`), and for reachability AutoNAT, the relay
+//! client (a relay server in bootstrap nodes) and DCUtR ([`reach`]). Inbound status, manifest, state and contribution look-ups are
 //! answered on the loop from [`Served`]; pushes and announcements go to the round task as
 //! [`NetEvent`]s. Nothing heavy runs on the loop.
 
