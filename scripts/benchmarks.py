@@ -428,6 +428,53 @@ def scale_note():
             f"`{path}`, `.txt`.") if out else ""
 
 
+def links_rows():
+    path = "docs/bench/links/v2-no-overlap.json"
+    if not (ROOT / path).exists():
+        return []
+    rows = []
+    for r in load(path)["runs"]:
+        stt = r["secs_to_target"]
+        rows.append([
+            f"{r['mbps']:g} Mbit/s", f"{r['rtt_ms']:g} ms", f"{r['loss_pct']:g} %",
+            str(r["nodes"]), "on" if r["overlap"] else "off",
+            f"**{r['utilization']:.2f}**", "—" if stt is None else f"{stt:.0f} s",
+            f"{r['bytes_up_per_node_per_round'] / 1e3:,.0f} KB", f"{r['round_secs']:.1f} s",
+            f"{r['final_val_loss']:.4f}",
+        ])
+    return rows
+
+
+def links_note():
+    path = "docs/bench/links/v2-no-overlap.json"
+    if not (ROOT / path).exists():
+        return ""
+    d = load(path)
+    c = d["config"]
+    return (f"`{c['preset']}`, {c['inner_steps']} inner steps a round, {c['rounds']} rounds, "
+            f"{c['nodes']} nodes of one thread each and a bootstrap node (which fetches every "
+            f"contribution to replay the round), target loss {c['target_loss_used']:.4f} (the "
+            "highest final loss of the runs). `nightshift-lab links --json F --plot F.svg` · "
+            f"{commit_of(path, '?')} · `{path}`, chart `docs/bench/links/v2-no-overlap.svg`.")
+
+
+def nat_rows():
+    path = "docs/bench/nat/punch.json"
+    if not (ROOT / path).exists():
+        return []
+    d = load(path)
+    rows = []
+    for kind, runs in (("port-preserving", d["port_preserving"]), ("symmetric", d["symmetric"])):
+        ok = sum(1 for r in runs if r["passed"])
+        punched = sum(1 for r in runs if r.get("punched", 0) > 0)
+        relay = sorted(r["public_in"] + r["public_out"] for r in runs if r["passed"])
+        med = relay[len(relay) // 2] / 1e3 if relay else 0
+        rows.append([kind, f"{len(runs)}", f"{ok} of {len(runs)}",
+                     f"{punched} of {len(runs)}", f"{med:,.0f} kB",
+                     f"`scripts/nat-punch.sh {len(runs)}` · {d['commit']} · `{path}`"])
+    return rows
+
+
 # --- The page ---------------------------------------------------------------------------------------
 
 def table(header, rows):
@@ -566,6 +613,33 @@ def page():
                "statuses", "round", "states at the end"], scale_rows()),
         "",
         scale_note(),
+        "",
+        "## Links: how fast a swarm trains as its links get slower (`nightshift-lab links`, V2)",
+        "",
+        "Real `nightshift` processes, each in its own network namespace; every namespace's only "
+        "link is an emulated WAN link (a user-space carrier between TUN devices: rate, one-way "
+        "delay, loss on the uplink, a half-second drop-tail buffer; this kernel has no `netem`). "
+        "`utilization` is the share of a node's wall time spent in inner steps (median node). "
+        "Overlap (training the next round while contributions travel) is not built yet: every "
+        "row is without it.",
+        "",
+        table(["link", "RTT", "loss", "nodes", "overlap", "utilization", "time to target",
+               "bytes up per node per round", "round", "final loss"], links_rows()),
+        "",
+        links_note(),
+        "",
+        "## NAT traversal (`tests/tests/nat.rs`)",
+        "",
+        "Two home nodes, each behind its own NAT (a network namespace whose router masquerades "
+        "and drops unsolicited packets), and a bootstrap node on a public address. "
+        "Port-preserving NATs: the nodes meet through the bootstrap's relay, punch a hole "
+        "(DCUtR over TCP) and train directly, 12 rounds. Symmetric NATs (a random port per "
+        "connection): the hole punch cannot work and the nodes train 6 rounds through the "
+        "relay (a `--private` swarm). Bytes: all that crossed the public host's link in the run "
+        "(bootstrap traffic, relayed circuits, the bootstrap's replays).",
+        "",
+        table(["NATs", "runs", "test passed", "hole punched", "public host's bytes (median)",
+               "command · commit · data"], nat_rows()),
         "",
         "## Not measured yet",
         "",

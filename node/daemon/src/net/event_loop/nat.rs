@@ -274,16 +274,14 @@ impl EventLoop {
         match &new {
             autonat::NatStatus::Public(addr) => {
                 info!(address = %addr, "reachable: a peer dialled this node back");
+                // No new relay slots. Those held stay: removing a relay listener while its
+                // reservation is being answered panics libp2p-relay 0.22 (priv_client.rs:303,
+                // "Relay connection exist"), and peers dial direct addresses first anyway.
                 self.nat.public = true;
-                // Peers dial this node directly: give the relay slots back.
-                for (_, id) in self.nat.reservations.drain() {
-                    self.swarm.remove_listener(id);
-                }
                 let a = addr.to_string();
                 self.nat.update(|r| {
                     r.nat = "public".into();
                     r.public_address = Some(a);
-                    r.relayed_addresses.clear();
                 });
             }
             autonat::NatStatus::Private => {
