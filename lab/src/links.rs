@@ -54,6 +54,10 @@ pub struct LinksArgs {
     /// Rounds each run trains.
     #[arg(long, default_value_t = 12)]
     pub rounds: u64,
+    /// Seeds the genesis state and the nodes' keys (which seed the batches they sample); the
+    /// timing still varies from run to run.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
     /// The loss every run is timed to (default: the highest final loss among the runs).
     #[arg(long)]
     pub target_loss: Option<f32>,
@@ -122,12 +126,15 @@ fn start_in(ns: &str, args: &[String], log: &Path) -> anyhow::Result<tokio::proc
 async fn run_one(a: &LinksArgs, shape: Shape, dir: &Path) -> anyhow::Result<LinksRun> {
     let n = a.nodes;
     let dir = dir.join(format!("{}mbit-{}loss", shape.mbps, shape.loss_pct));
-    let mpath = LocalSwarm::write(&dir, n, |allowlist| nightshift_bootstrap::SwarmSettings {
-        name: "links".into(),
-        preset: a.preset.clone(),
-        inner_steps: a.inner_steps,
-        allowlist,
-        ..nightshift_bootstrap::SwarmSettings::default()
+    let mpath = LocalSwarm::write_seeded(&dir, n, Some(a.seed), |allowlist| {
+        nightshift_bootstrap::SwarmSettings {
+            name: "links".into(),
+            preset: a.preset.clone(),
+            inner_steps: a.inner_steps,
+            init_seed: a.seed,
+            allowlist,
+            ..nightshift_bootstrap::SwarmSettings::default()
+        }
     })?
     .manifest;
     // Host 0 is the bootstrap: the delay, no rate limit, no loss.

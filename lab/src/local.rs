@@ -26,11 +26,28 @@ impl LocalSwarm {
         nodes: usize,
         settings: impl FnOnce(Vec<[u8; 32]>) -> SwarmSettings,
     ) -> anyhow::Result<Self> {
+        Self::write_seeded(dir, nodes, None, settings)
+    }
+
+    /// As [`LocalSwarm::write`], the node keys (which seed the batches each node samples)
+    /// derived from `seed` as the demo derives them, when given; fresh random keys otherwise.
+    ///
+    /// # Errors
+    /// As [`LocalSwarm::write`].
+    pub fn write_seeded(
+        dir: &Path,
+        nodes: usize,
+        seed: Option<u64>,
+        settings: impl FnOnce(Vec<[u8; 32]>) -> SwarmSettings,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let creator = nightshift_bootstrap::generate_key()?;
         let mut allow = vec![];
         for i in 0..nodes {
-            let k = nightshift_bootstrap::generate_key()?;
+            let k = match seed {
+                Some(s) => nightshift_node::cmd::demo::demo_key(s, i),
+                None => nightshift_bootstrap::generate_key()?,
+            };
             nightshift_bootstrap::write_key(&dir.join(format!("node{i}.key.json")), &k)?;
             allow.push(k.verifying_key().to_bytes());
         }

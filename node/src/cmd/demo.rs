@@ -19,7 +19,7 @@ use crate::events::{NodeEvent, RoundRecord, read_events};
 /// it samples, so fixed keys make a demo repeatable: the same seed on the same machine trains the
 /// same model, round by round. These keys are public knowledge; they never leave the demo's
 /// private loopback swarm (real nodes make theirs with `nightshift keygen`).
-pub(crate) fn demo_key(seed: u64, i: usize) -> ed25519_dalek::SigningKey {
+pub fn demo_key(seed: u64, i: usize) -> ed25519_dalek::SigningKey {
     use rand::{RngCore, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
         seed ^ 0x6465_6d6f_6b65_7973 ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
