@@ -451,7 +451,11 @@ def links_note():
         return ""
     d = load(path)
     c = d["config"]
-    return (f"`{c['preset']}`, {c['inner_steps']} inner steps a round, {c['rounds']} rounds, "
+    same = len({r["final_val_loss"] for r in d["runs"]}) == 1
+    return (("Every run ends on the same loss: without overlap a round waits for its "
+             "contributions, so the link changes the time, not the model. " if same else "")
+            + f"`{c['preset']}`, {c['inner_steps']} inner steps a round, {c['rounds']} rounds, "
+            f"seed {c['seed']}, "
             f"{c['nodes']} nodes of one thread each and a bootstrap node (which fetches every "
             f"contribution to replay the round), target loss {c['target_loss_used']:.4f} (the "
             "highest final loss of the runs). `nightshift-lab links --json F --plot F.svg` · "

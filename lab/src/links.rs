@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use nightshift_node::cmd::demo::{nightshift_exe, tempfile_dir};
 use nightshift_node::events::{NodeEvent, read_timed_events};
 
-use crate::local::LocalSwarm;
+use crate::local::{LocalSwarm, wait_nodes};
 use crate::results::{Recorded, commit_here};
 use crate::wan::{Shape, Wan};
 
@@ -212,30 +212,7 @@ async fn run_one(a: &LinksArgs, shape: Shape, dir: &Path) -> anyhow::Result<Link
             &dir.join(format!("node{i}.log")),
         )?);
     }
-    let deadline = Instant::now() + Duration::from_secs_f64(a.max_secs);
-    loop {
-        let mut running = 0;
-        for (i, c) in children.iter_mut().enumerate() {
-            match c.try_wait()? {
-                None => running += 1,
-                Some(st) if !st.success() => {
-                    bail!("node {i} failed ({st}); see {}", dir.display())
-                }
-                Some(_) => {}
-            }
-        }
-        if running == 0 {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the nodes did not finish within {} s; see {}",
-                a.max_secs,
-                dir.display()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    wait_nodes(&mut children, a.max_secs, &dir, |_| {}).await?;
     let wall_secs = started.elapsed().as_secs_f64();
     let mut util = vec![];
     let mut up = vec![];

@@ -84,3 +84,44 @@ pub fn start_node(args: &[String], threads: usize, log: &Path) -> anyhow::Result
         .spawn()
         .context("cannot start a node")
 }
+
+/// Waits until every node in `children` has exited, failing as soon as one exits with an error
+/// or when `max_secs` pass; `progress(running)` is called every 15 s.
+///
+/// # Errors
+/// A node that failed, or nodes still running at the deadline (`dir` holds their logs).
+pub async fn wait_nodes(
+    children: &mut [Child],
+    max_secs: f64,
+    dir: &Path,
+    mut progress: impl FnMut(usize),
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(max_secs);
+    let mut last_print = std::time::Instant::now();
+    loop {
+        let mut running = 0;
+        for (i, c) in children.iter_mut().enumerate() {
+            match c.try_wait()? {
+                None => running += 1,
+                Some(st) if !st.success() => {
+                    anyhow::bail!("node {i} failed ({st}); see {}", dir.display())
+                }
+                Some(_) => {}
+            }
+        }
+        if running == 0 {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!(
+                "{running} nodes still ran after {max_secs} s; see {}",
+                dir.display()
+            );
+        }
+        if last_print.elapsed() > std::time::Duration::from_secs(15) {
+            progress(running);
+            last_print = std::time::Instant::now();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}

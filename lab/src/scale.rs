@@ -12,12 +12,12 @@ use anyhow::bail;
 use clap::Args;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nightshift_node::cmd::demo::{local_node_args, start_bootstrap, tempfile_dir};
 use nightshift_node::events::{NodeEvent, read_timed_events};
 
-use crate::local::{LocalSwarm, start_node};
+use crate::local::{LocalSwarm, start_node, wait_nodes};
 use crate::results::{Recorded, commit_here};
 use crate::sim::{SimArgs, simulate};
 
@@ -102,39 +102,13 @@ async fn run_processes(a: &ScaleArgs, n: usize, dir: &Path) -> anyhow::Result<Sc
         );
         children.push(start_node(&args, 1, &dir.join(format!("node{i}.log")))?);
     }
-    let deadline = Instant::now() + Duration::from_secs_f64(a.max_secs);
-    let mut last_print = Instant::now();
-    loop {
-        let mut running = 0;
-        for (i, c) in children.iter_mut().enumerate() {
-            match c.try_wait()? {
-                None => running += 1,
-                Some(st) if !st.success() => {
-                    bail!("node {i} of {n} failed ({st}); see {}", dir.display())
-                }
-                Some(_) => {}
-            }
-        }
-        if running == 0 {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{n} nodes did not finish {} rounds within {} s; see {}",
-                a.rounds,
-                a.max_secs,
-                dir.display()
-            );
-        }
-        if last_print.elapsed() > Duration::from_secs(15) {
-            println!(
-                "  {n:>5} processes: {running} still training after {:.0} s",
-                started.elapsed().as_secs_f64()
-            );
-            last_print = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    wait_nodes(&mut children, a.max_secs, &dir, |running| {
+        println!(
+            "  {n:>5} processes: {running} still training after {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+    })
+    .await?;
     let mut up = vec![];
     let mut down = vec![];
     let mut status = vec![];

@@ -332,3 +332,34 @@ impl Drop for Wan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_serialises_packets_one_after_another_and_drops_past_its_buffer() {
+        let shape = Shape {
+            mbps: 8.0,
+            delay_ms: 10.0,
+            loss_pct: 0.0,
+        };
+        let now = Instant::now();
+        let mut free = None;
+        // 1,000 bytes at 8 Mbit/s: 1 ms each, queued behind each other.
+        let a = serialise(&mut free, now, 1000, &shape).unwrap();
+        let b = serialise(&mut free, now, 1000, &shape).unwrap();
+        assert_eq!(a - now, Duration::from_millis(1));
+        assert_eq!(b - now, Duration::from_millis(2));
+        // Fill half a second of queue: the next packet is dropped and the link stays as it was.
+        for _ in 0..499 {
+            serialise(&mut free, now, 1000, &shape).unwrap();
+        }
+        let held = free;
+        assert!(serialise(&mut free, now, 1000, &shape).is_none());
+        assert_eq!(free, held);
+        // An open link passes everything at once.
+        let mut f = None;
+        assert_eq!(serialise(&mut f, now, 1 << 20, &Shape::OPEN), Some(now));
+    }
+}

@@ -188,3 +188,63 @@ fn scale_measures_each_swarm_size_as_processes_and_in_the_simulator() {
         assert_eq!(r["distinct_final_states"], 1, "{r}");
     }
 }
+
+/// `links` end to end over the emulated WAN (root, iproute2 and /dev/net/tun, as in CI): a
+/// round over 1 Mbit/s links takes clearly longer than over 100 Mbit/s ones, the same seed
+/// trains the same model over both, and the JSON has the fields the issue names.
+#[test]
+fn links_times_rounds_over_slow_and_fast_emulated_links() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("links.json");
+    let o = lab(&[
+        "links",
+        "--mbps",
+        "1,100",
+        "--loss-mbps",
+        "0",
+        "--inner-steps",
+        "2",
+        "--rounds",
+        "3",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(file["commit"].as_str().is_some_and(|c| !c.is_empty()));
+    assert_eq!(file["config"]["seed"], 42);
+    let runs = file["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{file}");
+    for r in runs {
+        for field in [
+            "mbps",
+            "rtt_ms",
+            "loss_pct",
+            "nodes",
+            "overlap",
+            "utilization",
+            "secs_to_target",
+            "bytes_up_per_node_per_round",
+        ] {
+            assert!(r.get(field).is_some(), "no {field} in {r}");
+        }
+        let u = r["utilization"].as_f64().unwrap();
+        assert!(u > 0.0 && u <= 1.0, "{r}");
+        assert!(
+            r["bytes_up_per_node_per_round"].as_u64().unwrap() > 100_000,
+            "{r}"
+        );
+    }
+    let secs = |i: usize| runs[i]["round_secs"].as_f64().unwrap();
+    assert!(
+        secs(0) > 2.0 * secs(1),
+        "a round over 1 Mbit/s links ({} s) is not clearly slower than over 100 Mbit/s ({} s)",
+        secs(0),
+        secs(1)
+    );
+    assert_eq!(
+        runs[0]["final_val_loss"], runs[1]["final_val_loss"],
+        "{file}"
+    );
+}

@@ -170,14 +170,26 @@ fn test_dir() -> (Option<tempfile::TempDir>, std::path::PathBuf) {
     (Some(dir), path)
 }
 
-#[test]
-fn nat_two_home_nodes_meet_through_the_bootstraps_relay_and_train_directly_after_hole_punching() {
-    let lab = lab("p", Nat::PortPreserving);
-    let (_dir, path) = test_dir();
-    let swarm = TestSwarm::create(&path, 2, &["--inner-steps", "10"]);
-    let (_boot, addr) = bootstrap(&lab, &swarm);
+/// One NAT run: the namespaces, a swarm made with `init` flags, its bootstrap on the public
+/// host and a node behind each NAT training `rounds` rounds; checks that they finished and
+/// agree, and keeps their statuses and the public host's bytes.
+struct PairRun {
+    lab: NatLab,
+    swarm: TestSwarm,
+    addr: String,
+    seen: Vec<Vec<Value>>,
+    /// Bytes across the public host's link during the run (in, out).
+    public: (u64, u64),
+    _boot: Proc,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn run_pair(tag: &str, nat: Nat, init: &[&str], rounds: u64) -> PairRun {
+    let lab = lab(tag, nat);
+    let (dir, path) = test_dir();
+    let swarm = TestSwarm::create(&path, 2, init);
+    let (boot, addr) = bootstrap(&lab, &swarm);
     let before = lab.public_bytes();
-    let rounds = 12;
     let mut nodes: Vec<_> = (0..2)
         .map(|i| home_node(&lab, &swarm, i, &addr, rounds))
         .collect();
@@ -186,6 +198,22 @@ fn nat_two_home_nodes_meet_through_the_bootstraps_relay_and_train_directly_after
     assert_all_finish(&mut all, EXIT_TIMEOUT);
     let after = lab.public_bytes();
     assert_agree(&swarm, rounds);
+    PairRun {
+        public: (after.0 - before.0, after.1 - before.1),
+        lab,
+        swarm,
+        addr,
+        seen,
+        _boot: boot,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn nat_two_home_nodes_meet_through_the_bootstraps_relay_and_train_directly_after_hole_punching() {
+    let rounds = 12;
+    let run = run_pair("p", Nat::PortPreserving, &["--inner-steps", "10"], rounds);
+    let (lab, swarm, addr, seen) = (&run.lab, &run.swarm, &run.addr, &run.seen);
     for (i, s) in seen.iter().enumerate() {
         let last = s
             .last()
@@ -228,12 +256,11 @@ fn nat_two_home_nodes_meet_through_the_bootstraps_relay_and_train_directly_after
         );
     }
     // `doctor` on the public host: the bootstrap dials it back at once.
-    let doc = doctor(&lab.ns("pub"), &swarm, &addr, 0, "/ip4/0.0.0.0/tcp/4002");
+    let doc = doctor(&lab.ns("pub"), swarm, addr, 0, "/ip4/0.0.0.0/tcp/4002");
     assert_eq!(doc["network"]["nat"], "public", "{doc}");
     println!(
         "NAT (port-preserving): {punched} hole punches succeeded; the public host moved {} B in, {} B out over {rounds} rounds",
-        after.0 - before.0,
-        after.1 - before.1
+        run.public.0, run.public.1
     );
 }
 
@@ -242,20 +269,14 @@ fn nat_two_home_nodes_meet_through_the_bootstraps_relay_and_train_directly_after
 /// a pre-shared key (TCP only, pnet under every direct connection).
 #[test]
 fn nat_nodes_behind_symmetric_nats_train_through_the_relay() {
-    let lab = lab("s", Nat::Symmetric);
-    let (_dir, path) = test_dir();
-    let swarm = TestSwarm::create(&path, 2, &["--inner-steps", "10", "--private"]);
-    let (_boot, addr) = bootstrap(&lab, &swarm);
-    let before = lab.public_bytes();
     let rounds = 6;
-    let mut nodes: Vec<_> = (0..2)
-        .map(|i| home_node(&lab, &swarm, i, &addr, rounds))
-        .collect();
-    let seen = watch(&lab, &swarm, EXIT_TIMEOUT);
-    let mut all: Vec<&mut _> = nodes.iter_mut().collect();
-    assert_all_finish(&mut all, EXIT_TIMEOUT);
-    let after = lab.public_bytes();
-    assert_agree(&swarm, rounds);
+    let run = run_pair(
+        "s",
+        Nat::Symmetric,
+        &["--inner-steps", "10", "--private"],
+        rounds,
+    );
+    let (lab, swarm, addr, seen) = (&run.lab, &run.swarm, &run.addr, &run.seen);
     for (i, s) in seen.iter().enumerate() {
         let last = s
             .last()
@@ -268,7 +289,7 @@ fn nat_nodes_behind_symmetric_nats_train_through_the_relay() {
         assert!(n(last, "relayed_connections") >= 1, "node {i}: {last}");
     }
     // `doctor` behind the NAT (the node has stopped): not reachable, a relay slot, what to open.
-    let doc = doctor(&lab.ns("host1"), &swarm, &addr, 0, "/ip4/0.0.0.0/tcp/4001");
+    let doc = doctor(&lab.ns("host1"), swarm, addr, 0, "/ip4/0.0.0.0/tcp/4001");
     assert_eq!(doc["network"]["nat"], "private", "{doc}");
     let advice = doc["advice"].to_string();
     assert!(
@@ -283,7 +304,6 @@ fn nat_nodes_behind_symmetric_nats_train_through_the_relay() {
         .sum();
     println!(
         "NAT (symmetric): {failed} hole punches failed; the relay moved {} B in, {} B out over {rounds} rounds",
-        after.0 - before.0,
-        after.1 - before.1
+        run.public.0, run.public.1
     );
 }
