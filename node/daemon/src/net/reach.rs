@@ -3,7 +3,7 @@
 //! - **AutoNAT** (v1): the node asks connected peers to dial it back at the addresses they see it
 //!   at; "public" once one succeeds, "private" once one reports that it could not.
 //! - **Circuit relay v2**: bootstrap nodes relay by default ([`relay_config`]'s limits). A node
-//!   not known to be public reserves a slot on each bootstrap it is connected to, and advertises
+//!   AutoNAT found unreachable reserves a slot on each bootstrap it is connected to, and advertises
 //!   the `/p2p-circuit` address; peers that cannot dial it directly dial that.
 //! - **DCUtR**: over a relayed connection the two nodes exchange the addresses each is seen at
 //!   and dial each other at once (hole punching). On success the relayed connection is closed,

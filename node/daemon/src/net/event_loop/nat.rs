@@ -27,7 +27,8 @@ pub(super) struct NatState {
     conns: HashMap<PeerId, Vec<Conn>>,
     /// Relayed addresses of peers being dialled directly, tried if those dials fail.
     relayed_fallback: HashMap<PeerId, Vec<Multiaddr>>,
-    public: bool,
+    /// AutoNAT's verdict is "private": peers cannot dial this node.
+    private: bool,
 }
 
 impl NatState {
@@ -41,7 +42,7 @@ impl NatState {
             reservations: HashMap::new(),
             conns: HashMap::new(),
             relayed_fallback: HashMap::new(),
-            public: false,
+            private: false,
         }
     }
 
@@ -245,10 +246,12 @@ impl EventLoop {
         }
     }
 
-    /// `relay` (a bootstrap node that speaks the relay protocol) identified itself: reserve a
-    /// slot on it unless this node is known to be reachable.
+    /// `relay` (a bootstrap node that speaks the relay protocol) is connected: reserve a slot
+    /// on it once AutoNAT has found this node unreachable. (Not before: a reachable node that
+    /// advertised a relayed address would be dialled through the relay too, and the relayed
+    /// connection, closed once a direct one is up, would take its requests with it.)
     pub(super) fn maybe_reserve(&mut self, relay: PeerId) {
-        if self.nat.public || self.nat.reservations.contains_key(&relay) {
+        if !self.nat.private || self.nat.reservations.contains_key(&relay) {
             return;
         }
         let Some(addr) = self.nat.bootstraps.get(&relay) else {
@@ -277,7 +280,7 @@ impl EventLoop {
                 // No new relay slots. Those held stay: removing a relay listener while its
                 // reservation is being answered panics libp2p-relay 0.22 (priv_client.rs:303,
                 // "Relay connection exist"), and peers dial direct addresses first anyway.
-                self.nat.public = true;
+                self.nat.private = false;
                 let a = addr.to_string();
                 self.nat.update(|r| {
                     r.nat = "public".into();
@@ -289,7 +292,7 @@ impl EventLoop {
                     "not reachable directly (behind a NAT or a firewall): peers reach this node \
                      through the bootstrap nodes' relays"
                 );
-                self.nat.public = false;
+                self.nat.private = true;
                 self.nat.update(|r| {
                     r.nat = "private".into();
                     r.public_address = None;
@@ -306,7 +309,7 @@ impl EventLoop {
                 }
             }
             autonat::NatStatus::Unknown => {
-                self.nat.public = false;
+                self.nat.private = false;
                 self.nat.update(|r| {
                     r.nat = "unknown".into();
                     r.public_address = None;
