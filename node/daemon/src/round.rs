@@ -54,8 +54,10 @@ use crate::store::Store;
 use io::NetIo;
 use verify::Recipe;
 
-/// How long a finished node keeps serving before it leaves.
+/// How long a finished node keeps serving before it leaves, at least; and at most, while peers
+/// are still finishing its round ([`RoundMachine::peers_finishing`]).
 const LINGER_SECS: u64 = 2;
+const LINGER_MAX_SECS: u64 = 15;
 /// How often the machine's deadlines are re-checked.
 const TICK_MS: u64 = 300;
 
@@ -468,13 +470,31 @@ impl<B: AutodiffBackend> Driver<B> {
             reason: reason.into(),
         });
         info!(round = self.m.round(), reason, "trainer stopping");
-        // Keep serving a moment so that peers finishing the same round can fetch from us.
-        let linger = tokio::time::sleep(Duration::from_secs(LINGER_SECS));
-        tokio::pin!(linger);
+        // Keep serving a moment so that peers finishing the same round can fetch from us; after
+        // the last round, until they are done with it (a shutdown leaves at once after the
+        // minimum).
+        let t0 = Instant::now();
+        let wait_for_peers = reason == "finished";
+        let mut tick = tokio::time::interval(Duration::from_millis(TICK_MS));
         loop {
+            let held = t0.elapsed();
+            if held >= Duration::from_secs(LINGER_MAX_SECS)
+                || (held >= Duration::from_secs(LINGER_SECS)
+                    && !(wait_for_peers && self.m.peers_finishing()))
+            {
+                break;
+            }
             tokio::select! {
-                _ = &mut linger => break,
-                ev = self.events.recv() => if ev.is_none() { break },
+                _ = tick.tick() => {}
+                ev = self.events.recv() => match ev {
+                    // Statuses and connections keep the machine's view of its peers current.
+                    Some(ev) => for i in self.io.inputs_of(ev) {
+                        if matches!(i, Input::Status { .. } | Input::Connected(_) | Input::Disconnected(_)) {
+                            self.feed(i).await?;
+                        }
+                    },
+                    None => break,
+                },
             }
         }
         Ok(())

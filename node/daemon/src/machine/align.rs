@@ -38,9 +38,11 @@ struct Replay {
 
 impl RoundMachine {
     /// While peers still train or collect the previous round, wait for them (they may form a
-    /// state we prefer), at most until `until`; a window that closes ends the wait.
-    pub(super) fn align_wait(&mut self, now: Millis, until: Millis) {
-        if self.available && self.refreshing() && now < until {
+    /// state we prefer), at most until `until`; a window that closes ends the wait (unless this
+    /// is the look after the last round, `finish`, which trains no more).
+    pub(super) fn align_wait(&mut self, now: Millis, until: Millis, finish: bool) {
+        let available = self.available || finish;
+        if available && self.refreshing() && now < until {
             return;
         }
         let r = self.state.round;
@@ -48,8 +50,8 @@ impl RoundMachine {
             .trainer_peers()
             .filter(|(_, s)| s.round < r && matches!(s.phase, Phase::Training | Phase::Collecting))
             .count();
-        if lagging == 0 || now >= until || !self.available {
-            self.start_verifying(now, false);
+        if lagging == 0 || now >= until || !available {
+            self.start_verifying(now, finish);
         }
     }
 

@@ -124,9 +124,11 @@ struct Peer {
 enum Stage {
     /// Waiting for `min_peers` trainers before the first round.
     Starting,
-    /// Waiting (until the deadline) for peers still finishing the previous round.
+    /// Waiting (until the deadline) for peers still finishing the previous round; `finish`:
+    /// this is the look after the node's last round.
     Aligning {
         until: Millis,
+        finish: bool,
     },
     Verifying(align::Verifying),
     /// Synced in the middle of a round: waiting for it to end.
@@ -275,6 +277,17 @@ impl RoundMachine {
         matches!(self.stage, Stage::Done)
     }
 
+    /// Whether a connected trainer is still finishing our round or looking at the states held
+    /// for it (it may replay ours, fetching the contributions we hold): a node that is done keeps
+    /// serving while this holds.
+    pub fn peers_finishing(&self) -> bool {
+        let r = self.state.round;
+        self.trainer_peers().any(|(_, s)| {
+            (s.round < r && s.phase != Phase::Paused)
+                || (s.round == r && matches!(s.phase, Phase::Ready | Phase::Syncing))
+        })
+    }
+
     /// The status this node would announce now (`unix_ms` left for the signer to set).
     pub fn status(&self) -> Status {
         Status {
@@ -366,9 +379,9 @@ impl RoundMachine {
                         self.begin_round(now);
                     }
                 }
-                Stage::Aligning { until } => {
-                    let until = *until;
-                    self.align_wait(now, until);
+                Stage::Aligning { until, finish } => {
+                    let (until, finish) = (*until, *finish);
+                    self.align_wait(now, until, finish);
                 }
                 Stage::Verifying(_) => self.verify_step(now),
                 Stage::Waiting { until } => {
@@ -503,8 +516,13 @@ impl RoundMachine {
         }
         if self.done() {
             if self.trained_any {
-                // No next round's align will repair a fork of the last round: look once more.
-                self.start_verifying(now, true);
+                // No next round's align will repair a fork of the last round: wait for the
+                // peers still finishing it, as every round does, and look once more.
+                self.stage = Stage::Aligning {
+                    until: now + ALIGN_WAIT_MS,
+                    finish: true,
+                };
+                self.refresh_statuses(now);
             } else {
                 self.finish("finished");
             }
@@ -524,6 +542,7 @@ impl RoundMachine {
         self.just_synced = false;
         self.stage = Stage::Aligning {
             until: now + ALIGN_WAIT_MS,
+            finish: false,
         };
         self.refresh_statuses(now);
     }

@@ -463,3 +463,112 @@ fn a_node_that_synced_without_speeds_looks_them_up_and_joins_the_round_late() {
         "{budget:?}"
     );
 }
+
+#[test]
+fn after_its_last_round_a_node_waits_for_peers_still_collecting_it_and_adopts_their_better_state() {
+    // The swarm runs one round. Ours closes at the deadline with two contributions while both
+    // peers are still collecting: no next round would repair the fork, so the node waits for
+    // them before it finishes, and takes their state formed by all three.
+    let mut m = RoundMachine::new(
+        Config {
+            rounds: Some(1),
+            ..config(2)
+        },
+        genesis(),
+    );
+    let g = m.hash();
+    m.handle(0, Input::Start);
+    let keys = [pk(2), pk(3)];
+    for k in keys {
+        m.handle(0, Input::Connected(k));
+        m.handle(
+            0,
+            Input::Status {
+                from: k,
+                status: status(0, g, Phase::Ready, 0),
+            },
+        );
+    }
+    let outs = collecting(&mut m, &keys);
+    let (own, a, b) = own_and_two_more(&mut m, &outs, g);
+    let (at, ours, _) = run_until_new_state(&mut m, T0 + 1_100, T0 + 200_000, |_, now| {
+        Some(status(0, g, Phase::Collecting, now))
+    })
+    .expect("the deadline closed our round");
+    assert_eq!((m.round(), m.is_done()), (1, false));
+    // Still waiting a while later: the peers are collecting the round.
+    let mut now = at;
+    for _ in 0..10 {
+        now += CONFIRM_MS;
+        let outs = m.handle(now, Input::Tick);
+        assert!(
+            !outs.iter().any(|o| matches!(o, Output::Finished(_))),
+            "finished while its peers were still collecting the last round"
+        );
+        answer_asks(&mut m, now, &outs, |_| {
+            Some(status(0, g, Phase::Collecting, now))
+        });
+    }
+    assert_eq!(m.stage(), "aligning");
+    let set: BTreeMap<Key, Accepted> = [&own, &a, &b]
+        .iter()
+        .map(|e| {
+            let x = accept::accept(&recipe().context(0, g), e).unwrap();
+            (x.sender, x)
+        })
+        .collect();
+    let (theirs, _) = recipe().apply(&genesis(), &set).unwrap();
+    let (their_hash, formed) = (theirs.hash(), theirs.formed_by.clone());
+    assert_ne!(their_hash, ours.hash);
+    let claim = |now: Millis| Status {
+        formed_by: formed.clone(),
+        ..status(1, their_hash, Phase::Ready, now)
+    };
+    let mut outs = vec![];
+    for k in keys {
+        outs.extend(m.handle(
+            now,
+            Input::Status {
+                from: k,
+                status: claim(now),
+            },
+        ));
+    }
+    let (mut adopted, mut finished) = (false, false);
+    for _ in 0..200 {
+        now += CONFIRM_MS;
+        let mut all = std::mem::take(&mut outs);
+        all.extend(m.handle(now, Input::Tick));
+        let answers = answer_asks(&mut m, now, &all, |_| Some(claim(now)));
+        all.extend(answers);
+        for o in all.clone() {
+            if let Output::Fetch { from, sender, .. } = o {
+                let env = if sender == pk(3) {
+                    b.clone()
+                } else {
+                    a.clone()
+                };
+                all.extend(m.handle(
+                    now,
+                    Input::Contribution {
+                        from,
+                        envelope: env,
+                    },
+                ));
+            }
+        }
+        adopted |= all
+            .iter()
+            .any(|o| matches!(o, Output::NewState(n) if n.hash == their_hash));
+        finished |= all.iter().any(|o| matches!(o, Output::Finished(_)));
+        if finished {
+            break;
+        }
+    }
+    assert!(
+        adopted,
+        "the better state of the last round was not adopted"
+    );
+    assert!(finished, "the node did not finish after its last look");
+    assert_eq!((m.round(), m.hash()), (1, their_hash));
+}
