@@ -158,6 +158,7 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
         min_peers: 0,
         rounds: None,
         role: NodeRole::Bootstrap,
+        overlap: false,
     };
     let prev = nightshift_daemon::round::previous_checkpoint(&store, &state)?;
     let mut m = RoundMachine::new(cfg, state);

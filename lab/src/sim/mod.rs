@@ -120,6 +120,15 @@ pub struct SimArgs {
     /// Stop after this much virtual time even if nodes have rounds left.
     #[arg(long, default_value_t = 7200)]
     pub max_virtual_secs: u64,
+    /// Nodes train the next round while a round's contributions are exchanged (`nightshift
+    /// run --overlap`).
+    #[arg(long, action = clap::ArgAction::Set, default_value_t = true)]
+    #[serde(default = "default_overlap")]
+    pub overlap: bool,
+}
+
+fn default_overlap() -> bool {
+    true
 }
 
 impl Default for SimArgs {
@@ -266,6 +275,7 @@ fn template(args: &SimArgs, keys: &[[u8; 32]], model: &Model) -> Config {
         min_peers: usize::from(args.nodes > 1),
         rounds: Some(args.rounds),
         role: nightshift_protocol::NodeRole::Trainer,
+        overlap: args.overlap,
     }
 }
 

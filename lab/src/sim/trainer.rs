@@ -9,6 +9,7 @@
 use crate::convergence::Setup;
 use nightshift_model::backend::CpuTrain;
 use nightshift_model::{InnerTrainer, Shard};
+use nightshift_node::machine::Start;
 use nightshift_protocol::Hash32;
 
 use nightshift_protocol::StateSnapshot;
@@ -95,25 +96,27 @@ impl Model {
         }
     }
 
-    /// Node `node`'s `steps` inner steps from `state`.
-    pub fn train(
-        &mut self,
-        node: usize,
-        state: &StateSnapshot,
-        steps: u32,
-        rng: &mut ChaCha8Rng,
-    ) -> Steps {
+    /// Node `node`'s `steps` inner steps from `start`.
+    pub fn train(&mut self, node: usize, start: &Start, steps: u32, rng: &mut ChaCha8Rng) -> Steps {
         match self {
             Model::Quadratic(q) => {
-                let mut params = state.params.clone();
+                if q.last.len() <= node {
+                    q.last.resize(node + 1, vec![]);
+                }
+                let mut params = match start {
+                    Start::State { state, .. } => state.params.clone(),
+                    Start::Continue => q.last[node].clone(),
+                    Start::Params(p) => p.to_vec(),
+                };
                 let mean_loss = q.train(&mut params, steps, rng);
+                q.last[node].clone_from(&params);
                 Steps {
                     params,
                     mean_loss,
                     tokens: u64::from(steps) * crate::sim::TOKENS_PER_STEP,
                 }
             }
-            Model::Gpt(g) => g.train(node, state, steps, rng),
+            Model::Gpt(g) => g.train(node, start, steps, rng),
         }
     }
 }
@@ -179,14 +182,7 @@ impl Gpt {
         self.setup.val_loss(&mut self.eval)
     }
 
-    fn train(
-        &mut self,
-        node: usize,
-        state: &StateSnapshot,
-        steps: u32,
-        rng: &mut ChaCha8Rng,
-    ) -> Steps {
-        let hash = state.hash();
+    fn train(&mut self, node: usize, start: &Start, steps: u32, rng: &mut ChaCha8Rng) -> Steps {
         if self.trainers[node].is_none() {
             self.trainers[node] = self.setup.trainer(1).ok().map(|t| (t, Hash32::default()));
         }
@@ -194,15 +190,24 @@ impl Gpt {
             // The model was built once already (for evaluation); a trainer that cannot be is a
             // node that trains nothing.
             return Steps {
-                params: state.params.clone(),
+                params: vec![],
                 mean_loss: f32::NAN,
                 tokens: 0,
             };
         };
         // As the daemon's driver: load θ only when the trainer holds another state (the inner
         // optimizer's state carries over).
-        if *loaded != hash && t.load_params(&state.params).is_ok() {
-            *loaded = hash;
+        match start {
+            Start::State { state, hash } => {
+                if loaded != hash && t.load_params(&state.params).is_ok() {
+                    *loaded = *hash;
+                }
+            }
+            Start::Continue => *loaded = Hash32::default(),
+            Start::Params(p) => {
+                let _ = t.load_params(p);
+                *loaded = Hash32::default();
+            }
         }
         let rep = t.train(&self.setup.corpus, &self.shards[node], rng, steps, &|| {
             false
@@ -217,6 +222,8 @@ impl Gpt {
 
 pub struct Quadratic {
     target: Vec<f32>,
+    /// Where each node's last steps ended (what [`Start::Continue`] trains on from).
+    last: Vec<Vec<f32>>,
 }
 
 impl Quadratic {
@@ -227,6 +234,7 @@ impl Quadratic {
             target: (0..params)
                 .map(|_| rng.random_range(-1.0f32..1.0))
                 .collect(),
+            last: vec![],
         }
     }
 

@@ -34,7 +34,7 @@ use anyhow::{Context, bail};
 use burn::tensor::backend::AutodiffBackend;
 use ed25519_dalek::SigningKey;
 use libp2p::Multiaddr;
-use nightshift_model::{Corpus, InnerConfig, InnerTrainer, Shard, Tokenizer, eval};
+use nightshift_model::{Corpus, Gpt, InnerConfig, InnerTrainer, Shard, Tokenizer, eval};
 use nightshift_protocol::message::Phase;
 use nightshift_protocol::{Hash32, NodeRole, SignedManifest, WindowState};
 use rand::SeedableRng;
@@ -87,6 +87,9 @@ pub struct TrainerOptions {
     pub threads: usize,
     /// The swarm's pre-shared key (`swarm.key`) when its manifest pins one.
     pub psk: Option<[u8; 32]>,
+    /// Train the next round while the last one's contributions travel (see
+    /// [`machine::Config::overlap`]).
+    pub overlap: bool,
 }
 
 /// Runs a trainer until it has done `rounds` or is shut down. Picks CUDA when built with the
@@ -179,6 +182,11 @@ struct Driver<B: AutodiffBackend> {
     control_info: Option<Arc<RwLock<serde_json::Value>>>,
     /// The round under way, for its record.
     round: Option<trainer::RoundClock>,
+    /// Steps run ahead for the next round (overlap): its record starts when this one's ends.
+    ahead: bool,
+    /// A copy of the model for validation while the trainer trains ahead.
+    evaluator: Option<Gpt<B::InnerBackend>>,
+    val: Arc<Vec<(Vec<i32>, Vec<i32>)>>,
     /// Since when the node is paused.
     paused_since: Option<Instant>,
     /// Since when the node is verifying a better state.
@@ -342,6 +350,8 @@ impl<B: AutodiffBackend> Driver<B> {
         let reach = net.reach.clone();
         info!(swarm = %swarm_id.short(), peer = %net.local_peer, round = state.round, params = num_params, resumed, "trainer started");
         let val_loss = compute.val_loss();
+        let evaluator = opts.overlap.then(|| compute.trainer.eval_model());
+        let val = compute.val.clone();
         sink.emit(&NodeEvent::Started {
             peer_id: net.local_peer.to_string(),
             round: state.round,
@@ -364,6 +374,7 @@ impl<B: AutodiffBackend> Driver<B> {
             min_peers: opts.min_peers,
             rounds: opts.rounds,
             role: NodeRole::Trainer,
+            overlap: opts.overlap,
         };
         let mut rm = RoundMachine::new(machine_cfg, state);
         if let Some(p) = prev {
@@ -410,6 +421,9 @@ impl<B: AutodiffBackend> Driver<B> {
                 net::show_reachability(reach.clone(), info.clone());
             }),
             round: None,
+            ahead: false,
+            evaluator,
+            val,
             paused_since: None,
             syncing_since: None,
         };
@@ -526,12 +540,12 @@ impl<B: AutodiffBackend> Driver<B> {
             };
             match o {
                 Output::Train {
-                    state,
-                    hash,
+                    round,
+                    start,
                     steps,
                     budget_ms,
                     fresh,
-                } => self.train(state, hash, steps, budget_ms, fresh)?,
+                } => self.train(round, start, steps, budget_ms, fresh)?,
                 Output::NewState(ns) => self.new_state(ns).await?,
                 Output::LookUpSpeeds(keys) => self.look_up_windows(keys),
                 Output::Note(note) => self.note(note),

@@ -69,6 +69,11 @@ pub struct RunArgs {
     /// each get their share. Ignored on a GPU.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
+    /// Train the next round while the last round's contributions are still being exchanged, so
+    /// that a slow link does not leave the device idle; the swarm's average then reaches this
+    /// node's training one round later. `--overlap false` waits for each round's average.
+    #[arg(long, action = clap::ArgAction::Set, default_value_t = true)]
+    pub overlap: bool,
 }
 
 fn parse_shard(s: &str) -> Result<(usize, usize), String> {
@@ -152,6 +157,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         control_info: Some(info),
         threads: a.threads.map_or_else(super::demo::cores, |t| t as usize),
         psk,
+        overlap: a.overlap,
     })
     .await
 }

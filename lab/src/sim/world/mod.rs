@@ -3,7 +3,9 @@
 //! drawn from one seed and events run in (time, sequence) order, so a seed replays bit for bit.
 
 use ed25519_dalek::SigningKey;
-use nightshift_node::machine::{Config, How, Input, Key, Millis, Output, RoundMachine, Trained};
+use nightshift_node::machine::{
+    Config, How, Input, Key, Millis, Output, RoundMachine, Start, Trained,
+};
 use nightshift_protocol::{Hash32, SignedEnvelope, StateSnapshot, Status, wire};
 
 use rand::{Rng, SeedableRng};

@@ -543,6 +543,10 @@ impl RoundMachine {
             return;
         }
         self.stalls = 0;
+        if let Some(e) = self.early.take() {
+            // Steps ran ahead for this round while the last one was collected.
+            return self.resume_early(now, e);
+        }
         if self.round_under_way() {
             match self.late_budget(now) {
                 Some(left) => {

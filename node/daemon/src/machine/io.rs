@@ -104,11 +104,11 @@ pub enum Output {
         round: u64,
         hash: Hash32,
     },
-    /// Run up to `steps` inner steps from `state` (starting afresh from it when `fresh`, or when
-    /// the trainer holds another state), within `budget_ms` when set.
+    /// Run up to `steps` inner steps for `round` from `start` (with a fresh inner optimizer when
+    /// `fresh`), within `budget_ms` when set.
     Train {
-        state: Arc<StateSnapshot>,
-        hash: Hash32,
+        round: u64,
+        start: Start,
         steps: u32,
         budget_ms: Option<Millis>,
         fresh: bool,
@@ -121,6 +121,22 @@ pub enum Output {
     Finished(&'static str),
     /// The node cannot go on.
     Failed(String),
+}
+
+/// Where the inner steps of [`Output::Train`] start.
+#[derive(Clone, Debug)]
+pub enum Start {
+    /// From the state's θ (loaded unless the trainer holds it already).
+    State {
+        state: Arc<StateSnapshot>,
+        hash: Hash32,
+    },
+    /// From where the trainer's last steps ended: training on while the contribution they made
+    /// is being averaged (overlap).
+    Continue,
+    /// From these parameters, keeping the inner optimizer's state: the newest θ plus the progress
+    /// of the steps whose contribution is being averaged (overlap).
+    Params(Arc<Vec<f32>>),
 }
 
 /// A state the node moved to, and how.

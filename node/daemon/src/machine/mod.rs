@@ -43,7 +43,7 @@ use nightshift_protocol::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-pub use io::{How, Input, NewState, Note, Output, RoundSummary, Trained};
+pub use io::{How, Input, NewState, Note, Output, RoundSummary, Start, Trained};
 
 use accept::Accepted;
 use rules::{Recipe, Rejections};
@@ -109,6 +109,20 @@ pub struct Config {
     /// A trainer, or a bootstrap: a follower that never trains, moves to every state it can
     /// verify, and attests it by its signed status (the manifest names its key).
     pub role: NodeRole,
+    /// Train the next round's inner steps while a round's contributions are collected; they
+    /// are sent, once the round's state is formed, as progress on it (the outer step then
+    /// reaches a node's training one round late).
+    pub overlap: bool,
+}
+
+/// Inner steps running ahead, while the round before them is collected (overlap).
+#[derive(Debug)]
+struct Early {
+    /// Where they started: their contribution is the progress from here.
+    start: Arc<Vec<f32>>,
+    started: Millis,
+    /// What they produced, when they ended before the round before them did.
+    done: Option<Trained>,
 }
 
 /// What the machine knows of one peer.
@@ -145,6 +159,8 @@ enum Stage {
         /// Trainers on our state and round when training began (our plan for the round; a
         /// peer that dies before it contributes is still missed).
         planned_peers: u32,
+        /// Where the steps started when not from θ (steps run ahead, overlap).
+        base: Option<Arc<Vec<f32>>>,
     },
     Collecting(collect::Collecting),
     Reconciling(step::Reconciling),
@@ -186,6 +202,8 @@ pub struct RoundMachine {
     stalls: u32,
     /// The next training starts afresh from θ (after a non-finite round).
     fresh: bool,
+    /// Inner steps under way (or done) for the round after the one being collected.
+    early: Option<Early>,
     trained_any: bool,
     tokens_per_sec: Option<f64>,
     out: Vec<Output>,
@@ -218,6 +236,7 @@ impl RoundMachine {
             diverged_in_a_row: 0,
             stalls: 0,
             fresh: false,
+            early: None,
             trained_any: false,
             tokens_per_sec: None,
             out: vec![],
@@ -348,7 +367,10 @@ impl RoundMachine {
             Input::State { from, state, bytes } => self.on_state(now, from, state, bytes),
             Input::StateFailed { hash } => self.on_state_failed(now, hash),
             Input::Trained(t) => {
-                if matches!(self.stage, Stage::Training { .. }) {
+                if let Some(e) = self.early.as_mut() {
+                    // Steps run ahead: they count once the round before them has ended.
+                    e.done = Some(t);
+                } else if matches!(self.stage, Stage::Training { .. }) {
                     self.on_trained(now, t);
                 }
             }

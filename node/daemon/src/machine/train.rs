@@ -16,13 +16,71 @@ impl RoundMachine {
         self.stage = Stage::Training {
             started: now,
             planned_peers,
+            base: None,
         };
         self.out.push(Output::Train {
-            state: self.state.clone(),
-            hash: self.hash,
+            round: self.state.round,
+            start: Start::State {
+                state: self.state.clone(),
+                hash: self.hash,
+            },
             steps: self.cfg.inner_steps,
             budget_ms,
             fresh: std::mem::take(&mut self.fresh),
+        });
+    }
+
+    /// The round is aligned and steps ran ahead for it: they are this round's training (what
+    /// they produced goes out at once when they are done already).
+    pub(super) fn resume_early(&mut self, now: Millis, e: Early) {
+        self.holding.clear();
+        self.announce(Phase::Training);
+        let planned_peers = self.working_on(self.state.round).count() as u32;
+        self.stage = Stage::Training {
+            started: e.started,
+            planned_peers,
+            base: Some(e.start),
+        };
+        if let Some(t) = e.done {
+            self.on_trained(now, t);
+        }
+    }
+
+    /// Right after a contribution went out: train the next round's steps while this round is
+    /// collected, from where these steps ended, rebased on θ when they did not start from it.
+    fn start_early(&mut self, now: Millis, base: Option<&[f32]>, t: &Trained) {
+        let next = self.state.round + 1;
+        let last = self.cfg.rounds.is_some_and(|n| next >= n);
+        if !self.cfg.overlap || !self.available || last || t.steps == 0 {
+            return;
+        }
+        let (start, from) = match base {
+            None => (Start::Continue, Arc::new(t.params.clone())),
+            Some(b) => {
+                // θ(r) plus the progress not averaged yet: x − b.
+                let p: Vec<f32> = self
+                    .state
+                    .params
+                    .iter()
+                    .zip(&t.params)
+                    .zip(b)
+                    .map(|((th, x), b)| th + (x - b))
+                    .collect();
+                let p = Arc::new(p);
+                (Start::Params(p.clone()), p)
+            }
+        };
+        self.early = Some(Early {
+            start: from,
+            started: now,
+            done: None,
+        });
+        self.out.push(Output::Train {
+            round: next,
+            start,
+            steps: self.cfg.inner_steps,
+            budget_ms: self.train_budget(),
+            fresh: false,
         });
     }
 
@@ -30,10 +88,12 @@ impl RoundMachine {
         let Stage::Training {
             started,
             planned_peers,
+            ref base,
         } = self.stage
         else {
             return;
         };
+        let base = base.clone();
         let r = self.state.round;
         if t.steps == 0 {
             self.out.push(Output::Note(Note::Yielded { round: r }));
@@ -44,8 +104,9 @@ impl RoundMachine {
         if !t.yielded || self.available {
             self.tokens_per_sec = Some(t.tokens as f64 / t.secs.max(1e-9));
         }
+        let from: &[f32] = base.as_deref().map_or(&self.state.params, |b| b);
         let encoded = encode_delta(
-            &self.state.params,
+            from,
             &t.params,
             self.cfg.recipe.codec,
             &self.cfg.recipe.shapes,
@@ -110,7 +171,13 @@ impl RoundMachine {
         if !to.is_empty() {
             self.out.push(Output::Push { to, envelope: env });
         }
-        let train_ms = now.saturating_sub(started);
+        // Steps that ran ahead started before this round did: their own time counts.
+        let train_ms = if base.is_some() {
+            (t.secs * 1000.0) as Millis
+        } else {
+            now.saturating_sub(started)
+        };
+        self.start_early(now, base.as_ref().map(|b| b.as_slice()), &t);
         let deadline_ms = self
             .cfg
             .round_deadline_ms

@@ -4,7 +4,8 @@
 
 use super::*;
 use crate::events::RoundRecord;
-use crate::machine::{How, Millis, NewState, Note, Trained};
+use crate::machine::{How, Millis, NewState, Note, Start, Trained};
+use burn::module::Module;
 use nightshift_model::InnerReport;
 use nightshift_protocol::{StateSnapshot, delta};
 use tracing::debug;
@@ -36,29 +37,39 @@ pub(super) struct RoundClock {
 }
 
 impl<B: AutodiffBackend> Driver<B> {
-    /// Runs up to `steps` inner steps from `state` on a blocking thread (loading θ first when the
-    /// trainer holds another state; with a fresh inner optimizer when `fresh`).
+    /// Runs up to `steps` inner steps for `round` from `start` on a blocking thread (loading θ
+    /// first when the trainer holds another state; with a fresh inner optimizer when `fresh`).
     pub(super) fn train(
         &mut self,
-        state: Arc<StateSnapshot>,
-        hash: Hash32,
+        round: u64,
+        start: Start,
         steps: u32,
         budget_ms: Option<Millis>,
         fresh: bool,
     ) -> anyhow::Result<()> {
-        let round = state.round;
-        self.round = Some(RoundClock {
-            started: Instant::now(),
-            traffic0: self.io.net.traffic.snapshot(),
-            status0: self.io.net.traffic.status_sent(),
-            encode_secs: 0.0,
-            collect_from: None,
-        });
+        let reload = match start {
+            Start::State { state, hash } => {
+                self.ahead = false;
+                self.round = Some(self.clock());
+                let reload = (fresh || self.loaded != hash).then(|| Arc::new(state.params.clone()));
+                self.loaded = hash;
+                reload
+            }
+            // Ahead of the round being collected: its record starts when that one's ends.
+            Start::Continue => {
+                self.ahead = true;
+                self.loaded = Hash32::default();
+                None
+            }
+            Start::Params(p) => {
+                self.ahead = true;
+                self.loaded = Hash32::default();
+                Some(p)
+            }
+        };
         self.refresh_peer_windows();
         let mut compute = self.compute.take().context("the trainer is busy")?;
         self.sink.emit(&NodeEvent::Training { round, steps });
-        let reload = (fresh || self.loaded != hash).then_some(state);
-        self.loaded = hash;
         let (stop, avail, tx) = (
             self.stop.clone(),
             self.avail.clone(),
@@ -68,11 +79,11 @@ impl<B: AutodiffBackend> Driver<B> {
         tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
             let c = &mut compute;
-            let failed = reload.and_then(|s| {
+            let failed = reload.and_then(|p| {
                 let r = if fresh {
-                    c.trainer.reset(&s.params)
+                    c.trainer.reset(&p)
                 } else {
-                    c.trainer.load_params(&s.params)
+                    c.trainer.load_params(&p)
                 };
                 r.err().map(|e| e.to_string())
             });
@@ -107,6 +118,66 @@ impl<B: AutodiffBackend> Driver<B> {
             });
         });
         Ok(())
+    }
+
+    fn clock(&self) -> RoundClock {
+        RoundClock {
+            started: Instant::now(),
+            traffic0: self.io.net.traffic.snapshot(),
+            status0: self.io.net.traffic.status_sent(),
+            encode_secs: 0.0,
+            collect_from: None,
+        }
+    }
+
+    /// The validation loss of `state` on the trainer when it is free (which then holds θ), else
+    /// on the evaluator (the trainer is training ahead); NaN when neither can.
+    async fn evaluate(
+        &mut self,
+        state: &Arc<StateSnapshot>,
+        hash: Hash32,
+        evaluate: bool,
+    ) -> anyhow::Result<f32> {
+        if let Some(mut c) = self.compute.take() {
+            let s = state.clone();
+            let (c, loaded, v) = tokio::task::spawn_blocking(move || {
+                let loaded = c.trainer.load_params(&s.params).is_ok();
+                // A suspended trainer keeps the device free: no evaluation then.
+                let v = if evaluate && loaded && !c.trainer.is_suspended() {
+                    c.val_loss()
+                } else {
+                    f32::NAN
+                };
+                (c, loaded, v)
+            })
+            .await?;
+            self.compute = Some(c);
+            if loaded {
+                self.loaded = hash;
+            } else {
+                warn!(round = state.round, "the new state does not fit the model");
+            }
+            return Ok(v);
+        }
+        let Some(model) = self.evaluator.take().filter(|_| evaluate) else {
+            return Ok(f32::NAN);
+        };
+        let (s, val) = (state.clone(), self.val.clone());
+        let (model, v) = tokio::task::spawn_blocking(move || {
+            let Some(device) = model.devices().into_iter().next() else {
+                return (None, f32::NAN);
+            };
+            match nightshift_model::flat::unflatten(model, &s.params, &device) {
+                Ok(m) => {
+                    let v = eval::val_loss(&m, &val);
+                    (Some(m), v)
+                }
+                Err(_) => (None, f32::NAN),
+            }
+        })
+        .await?;
+        self.evaluator = model;
+        Ok(v)
     }
 
     /// The trainer is back: what it did goes to the machine (and a yield to the events).
@@ -174,28 +245,8 @@ impl<B: AutodiffBackend> Driver<B> {
         let NewState { state, hash, how } = ns;
         checkpoint_and_serve(&self.store, &self.io.net, state.clone(), hash).await;
         let evaluate = matches!(how, How::Stepped(_));
-        let mut val_loss = f32::NAN;
-        if let Some(mut c) = self.compute.take() {
-            let s = state.clone();
-            let (c, loaded, v) = tokio::task::spawn_blocking(move || {
-                let loaded = c.trainer.load_params(&s.params).is_ok();
-                // A suspended trainer keeps the device free: no evaluation then.
-                let v = if evaluate && loaded && !c.trainer.is_suspended() {
-                    c.val_loss()
-                } else {
-                    f32::NAN
-                };
-                (c, loaded, v)
-            })
-            .await?;
-            self.compute = Some(c);
-            if loaded {
-                self.loaded = hash;
-            } else {
-                warn!(round = state.round, "the new state does not fit the model");
-            }
-            val_loss = v;
-        }
+        let val_loss = self.evaluate(&state, hash, evaluate).await?;
+        let next = self.ahead.then(|| self.clock());
         match how {
             How::Stepped(s) => {
                 if s.step_scale < 1.0 {
@@ -252,6 +303,7 @@ impl<B: AutodiffBackend> Driver<B> {
                     wait_secs: (collect_secs - transfer_secs).max(0.0),
                     round_secs: clock.map_or(0.0, |c| c.started.elapsed().as_secs_f64()),
                 };
+                self.round = next;
                 info!(round = s.round, val_loss, contributors = s.contributors, hash = %hash.short(), secs = rec.round_secs, "round completed");
                 self.sink.emit(&NodeEvent::RoundCompleted(rec));
             }
@@ -263,7 +315,7 @@ impl<B: AutodiffBackend> Driver<B> {
                 replaced,
             } => {
                 info!(round = state.round, hash = %hash.short(), from = %peer_name(&from), reason, verified, "synced state from peer");
-                self.round = None;
+                self.round = next;
                 self.sink.emit(&NodeEvent::Synced {
                     round: state.round,
                     state_hash: hash.to_hex(),

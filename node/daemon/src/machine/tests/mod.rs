@@ -55,6 +55,7 @@ fn config(min_peers: usize) -> Config {
         min_peers,
         rounds: None,
         role: NodeRole::Trainer,
+        overlap: false,
     }
 }
 
@@ -174,8 +175,8 @@ fn answer_asks(
 fn train_of(outs: &[Output]) -> Option<(u64, Option<Millis>)> {
     outs.iter().find_map(|o| match o {
         Output::Train {
-            state, budget_ms, ..
-        } => Some((state.round, *budget_ms)),
+            round, budget_ms, ..
+        } => Some((*round, *budget_ms)),
         _ => None,
     })
 }
@@ -280,3 +281,4 @@ fn run_until_new_state(
 
 mod align;
 mod collect;
+mod overlap;
