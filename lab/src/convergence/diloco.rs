@@ -24,6 +24,8 @@ pub struct Diloco<'a> {
     pub steps: u32,
     /// The swarm's round deadline.
     pub deadline_secs: u64,
+    /// Nodes train the next round while a round is collected.
+    pub overlap: bool,
 }
 
 impl Diloco<'_> {
@@ -53,6 +55,7 @@ impl Diloco<'_> {
             codec: self.codec,
             // Virtual time is free: room for every round to wait out its deadline twice.
             max_virtual_secs: rounds * (2 * self.deadline_secs + 120) + 600,
+            overlap: self.overlap,
             ..SimArgs::default()
         })
     }
@@ -113,6 +116,7 @@ impl Diloco<'_> {
             wall_secs: wall,
             ema: vec![],
             seed: Some(seed),
+            overlap: self.overlap,
         })
     }
 }

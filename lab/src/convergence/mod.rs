@@ -95,6 +95,10 @@ pub struct ConvergenceArgs {
     /// split, each worker with its own random stream: what a node does unless given `--shard`).
     #[arg(long, default_value = "contiguous", value_parser = ["contiguous", "whole"])]
     pub shards: String,
+    /// Whether DiLoCo nodes train the next round while a round is collected (`nightshift run
+    /// --overlap`); each DiLoCo run is made once per value given.
+    #[arg(long, value_delimiter = ',', default_value = "true", action = clap::ArgAction::Set)]
+    pub overlap: Vec<bool>,
     #[command(flatten)]
     pub recipe: SwarmFlags,
 }
@@ -212,22 +216,39 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     let mut results: Vec<RunResult> = vec![];
     let commit = crate::results::commit_here();
     for (name, kind) in runs {
-        let r = match kind {
-            Kind::Single { mult, steps } => setup.run_single(&name, steps, mult, a.eval_every)?,
-            Kind::Diloco { k, h, codec, drop } => diloco::Diloco {
-                name: &name,
-                preset: &a.recipe.preset,
-                k,
-                h,
-                codec,
-                drop,
-                steps: a.steps,
-                deadline_secs: u64::from(a.recipe.deadline_secs),
+        let done = match kind {
+            Kind::Single { mult, steps } => {
+                let r = setup.run_single(&name, steps, mult, a.eval_every)?;
+                print_row(&r);
+                vec![r]
             }
-            .run(new_setup()?)?,
+            Kind::Diloco { k, h, codec, drop } => {
+                let mut done = vec![];
+                for &overlap in &a.overlap {
+                    let name = if a.overlap.len() > 1 {
+                        format!("{name} overlap={}", if overlap { "on" } else { "off" })
+                    } else {
+                        name.clone()
+                    };
+                    let r = diloco::Diloco {
+                        name: &name,
+                        preset: &a.recipe.preset,
+                        k,
+                        h,
+                        codec,
+                        drop,
+                        steps: a.steps,
+                        deadline_secs: u64::from(a.recipe.deadline_secs),
+                        overlap,
+                    }
+                    .run(new_setup()?)?;
+                    print_row(&r);
+                    done.push(r);
+                }
+                done
+            }
         };
-        print_row(&r);
-        results.push(r);
+        results.extend(done);
         if let Some(p) = &a.json {
             crate::results::Recorded {
                 commit: commit.clone(),

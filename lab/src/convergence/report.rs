@@ -30,6 +30,10 @@ pub struct RunResult {
     /// compares runs of the same seed only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// DiLoCo nodes trained the next round while a round was collected (absent: files written
+    /// before overlap existed, none did).
+    #[serde(default)]
+    pub overlap: bool,
 }
 
 /// The final validation loss of a moving average of a run's parameters (`--eval-ema`).

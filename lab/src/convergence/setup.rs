@@ -155,7 +155,8 @@ impl Setup {
             tokens_per_sec: tokens as f64 / train_secs.max(1e-9),
             wall_secs: start.elapsed().as_secs_f64(),
             ema: vec![],
-            seed: Some(self.seed),
+            overlap: false,
+        seed: Some(self.seed),
         })
     }
 }

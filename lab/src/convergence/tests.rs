@@ -287,6 +287,7 @@ fn a_run_cut_at_an_earlier_budget_compares_at_that_budget() {
 #[test]
 fn report_compares_runs_of_the_same_seed_only() {
     let seeded = |name: &str, drop: f64, curve: &[f32], seed: u64| RunResult {
+        overlap: false,
         seed: Some(seed),
         ..run(name, 4, "fp32", drop, 100, curve)
     };
