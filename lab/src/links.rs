@@ -13,7 +13,8 @@
 //! round's start to its last round's end; median node); `secs_to_target`, seconds from the
 //! swarm's first round until the median node's validation loss first reaches the target (the
 //! highest final loss of all runs unless `--target-loss`, so every run reaches it); bytes up
-//! per node per round (median). `overlap` is false: the delayed outer step is not built yet.
+//! per node per round (median). Every setting runs without and with overlap (`nightshift run
+//! --overlap`: the next round trains while a round's contributions travel).
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -54,6 +55,9 @@ pub struct LinksArgs {
     /// Rounds each run trains.
     #[arg(long, default_value_t = 12)]
     pub rounds: u64,
+    /// Run every link setting with these `--overlap` values of the nodes.
+    #[arg(long, value_delimiter = ',', default_value = "false,true", action = clap::ArgAction::Set)]
+    pub overlap: Vec<bool>,
     /// Seeds the genesis state and the nodes' keys (which seed the batches they sample); the
     /// timing still varies from run to run.
     #[arg(long, default_value_t = 42)]
@@ -123,9 +127,17 @@ fn start_in(ns: &str, args: &[String], log: &Path) -> anyhow::Result<tokio::proc
 }
 
 /// One run: a fresh swarm and WAN at `shape`.
-async fn run_one(a: &LinksArgs, shape: Shape, dir: &Path) -> anyhow::Result<LinksRun> {
+async fn run_one(
+    a: &LinksArgs,
+    shape: Shape,
+    overlap: bool,
+    dir: &Path,
+) -> anyhow::Result<LinksRun> {
     let n = a.nodes;
-    let dir = dir.join(format!("{}mbit-{}loss", shape.mbps, shape.loss_pct));
+    let dir = dir.join(format!(
+        "{}mbit-{}loss-overlap-{overlap}",
+        shape.mbps, shape.loss_pct
+    ));
     let mpath = LocalSwarm::write_seeded(&dir, n, Some(a.seed), |allowlist| {
         nightshift_bootstrap::SwarmSettings {
             name: "links".into(),
@@ -203,6 +215,8 @@ async fn run_one(a: &LinksArgs, shape: Shape, dir: &Path) -> anyhow::Result<Link
             "1",
             "--shard",
             &format!("{i}/{n}"),
+            "--overlap",
+            &overlap.to_string(),
         ]
         .map(String::from)
         .to_vec();
@@ -257,7 +271,7 @@ async fn run_one(a: &LinksArgs, shape: Shape, dir: &Path) -> anyhow::Result<Link
         rtt_ms: a.rtt_ms,
         loss_pct: shape.loss_pct,
         nodes: n,
-        overlap: false,
+        overlap,
         utilization: median(util).unwrap_or(0.0),
         secs_to_target: None,
         bytes_up_per_node_per_round: median(up).unwrap_or(0),
@@ -320,16 +334,28 @@ pub async fn run_links(a: LinksArgs) -> anyhow::Result<Vec<LinksRun>> {
     let commit = commit_here();
     let mut runs = vec![];
     println!(
-        "{:>7} {:>7} {:>6} {:>6} {:>12} {:>10} {:>12} {:>9}",
-        "mbit/s", "rtt ms", "loss%", "util", "up/round", "round s", "final loss", "wall s"
+        "{:>7} {:>7} {:>6} {:>8} {:>6} {:>12} {:>10} {:>12} {:>9}",
+        "mbit/s",
+        "rtt ms",
+        "loss%",
+        "overlap",
+        "util",
+        "up/round",
+        "round s",
+        "final loss",
+        "wall s"
     );
-    for shape in shapes {
-        let r = run_one(&a, shape, &dir).await?;
+    let settings = shapes
+        .iter()
+        .flat_map(|s| a.overlap.iter().map(move |o| (*s, *o)));
+    for (shape, overlap) in settings {
+        let r = run_one(&a, shape, overlap, &dir).await?;
         println!(
-            "{:>7} {:>7} {:>6} {:>6.2} {:>12} {:>10.2} {:>12.4} {:>9.1}",
+            "{:>7} {:>7} {:>6} {:>8} {:>6.2} {:>12} {:>10.2} {:>12.4} {:>9.1}",
             r.mbps,
             r.rtt_ms,
             r.loss_pct,
+            if r.overlap { "on" } else { "off" },
             r.utilization,
             r.bytes_up_per_node_per_round,
             r.round_secs,
@@ -349,9 +375,10 @@ pub async fn run_links(a: LinksArgs) -> anyhow::Result<Vec<LinksRun>> {
     println!("seconds to validation loss {target:.4}:");
     for r in &runs {
         println!(
-            "  {:>7} Mbit/s, {}% loss: {}",
+            "  {:>7} Mbit/s, {}% loss, overlap {}: {}",
             r.mbps,
             r.loss_pct,
+            if r.overlap { "on" } else { "off" },
             r.secs_to_target
                 .map_or("not reached".into(), |s| format!("{s:.1}"))
         );
@@ -374,21 +401,25 @@ pub async fn run_links(a: LinksArgs) -> anyhow::Result<Vec<LinksRun>> {
         .write(p)?;
     }
     if let Some(p) = &a.plot {
-        let points = runs
-            .iter()
-            .filter(|r| r.loss_pct == 0.0)
-            .filter_map(|r| r.secs_to_target.map(|s| (r.mbps.log10(), s)))
-            .collect();
+        let series = [false, true]
+            .into_iter()
+            .filter(|o| a.overlap.contains(o))
+            .map(|o| nightshift_node::plot::Series {
+                name: if o { "overlap" } else { "no overlap" }.into(),
+                points: runs
+                    .iter()
+                    .filter(|r| r.loss_pct == 0.0 && r.overlap == o)
+                    .filter_map(|r| r.secs_to_target.map(|s| (r.mbps.log10(), s)))
+                    .collect(),
+            })
+            .collect::<Vec<_>>();
         let svg = nightshift_node::plot::line_chart(
             &format!(
                 "time to validation loss {target:.3} ({} nodes, {} ms RTT)",
                 a.nodes, a.rtt_ms
             ),
             "log10 link rate (Mbit/s)",
-            &[nightshift_node::plot::Series {
-                name: "no overlap".into(),
-                points,
-            }],
+            &series,
         );
         std::fs::write(p, svg).with_context(|| format!("cannot write {}", p.display()))?;
     }

@@ -159,6 +159,8 @@ fn scale_measures_each_swarm_size_as_processes_and_in_the_simulator() {
         "6",
         "--rounds",
         "3",
+        "--overlap",
+        "false,true",
         "--json",
         json.to_str().unwrap(),
     ]);
@@ -191,7 +193,8 @@ fn scale_measures_each_swarm_size_as_processes_and_in_the_simulator() {
 
 /// `links` end to end over the emulated WAN (root, iproute2 and /dev/net/tun, as in CI): a
 /// round over 1 Mbit/s links takes clearly longer than over 100 Mbit/s ones, the same seed
-/// trains the same model over both, and the JSON has the fields the issue names.
+/// trains the same model over both, with overlap and without, and the JSON has the fields the
+/// issue names.
 #[test]
 fn links_times_rounds_over_slow_and_fast_emulated_links() {
     let dir = tempfile::tempdir().unwrap();
@@ -206,6 +209,8 @@ fn links_times_rounds_over_slow_and_fast_emulated_links() {
         "2",
         "--rounds",
         "3",
+        "--overlap",
+        "false,true",
         "--json",
         json.to_str().unwrap(),
     ]);
@@ -215,7 +220,11 @@ fn links_times_rounds_over_slow_and_fast_emulated_links() {
     assert!(file["commit"].as_str().is_some_and(|c| !c.is_empty()));
     assert_eq!(file["config"]["seed"], 42);
     let runs = file["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 2, "{file}");
+    // 1 Mbit/s without and with overlap, then 100 Mbit/s.
+    assert_eq!(runs.len(), 4, "{file}");
+    for (r, overlap) in runs.iter().zip([false, true, false, true]) {
+        assert_eq!(r["overlap"], overlap, "{r}");
+    }
     for r in runs {
         for field in [
             "mbps",
@@ -238,13 +247,15 @@ fn links_times_rounds_over_slow_and_fast_emulated_links() {
     }
     let secs = |i: usize| runs[i]["round_secs"].as_f64().unwrap();
     assert!(
-        secs(0) > 2.0 * secs(1),
+        secs(0) > 2.0 * secs(2),
         "a round over 1 Mbit/s links ({} s) is not clearly slower than over 100 Mbit/s ({} s)",
         secs(0),
-        secs(1)
+        secs(2)
     );
-    assert_eq!(
-        runs[0]["final_val_loss"], runs[1]["final_val_loss"],
-        "{file}"
-    );
+    for (slow, fast) in [(0, 2), (1, 3)] {
+        assert_eq!(
+            runs[slow]["final_val_loss"], runs[fast]["final_val_loss"],
+            "{file}"
+        );
+    }
 }

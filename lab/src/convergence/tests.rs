@@ -85,6 +85,7 @@ fn a_tiny_diloco_swarm_learns_through_the_simulator_and_counts_its_bytes() {
             drop,
             steps: 100,
             deadline_secs: 60,
+            overlap: true,
         }
         .run(setup())
         .unwrap()
@@ -125,6 +126,7 @@ fn a_tiny_diloco_swarm_learns_through_the_simulator_and_counts_its_bytes() {
         drop: 0.0,
         steps: 100,
         deadline_secs: 60,
+        overlap: true,
     };
     assert!(odd.run(setup()).is_err());
     let single = setup().run_single("s", 10, 1, 5).unwrap();
@@ -154,6 +156,7 @@ fn run(name: &str, k: usize, codec: &str, drop: f64, steps: u32, curve: &[f32]) 
         wall_secs: 0.0,
         ema: vec![],
         seed: None,
+        overlap: false,
     }
 }
 

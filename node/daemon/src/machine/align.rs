@@ -528,6 +528,11 @@ impl RoundMachine {
             };
             return;
         }
+        if !self.available && self.early_ended() {
+            // Steps ran ahead for this round until the window closed: what they did counts.
+            let e = self.early.take().expect("checked");
+            return self.resume_early(now, e);
+        }
         if !self.available {
             return self.begin_round(now);
         }

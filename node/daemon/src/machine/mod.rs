@@ -427,7 +427,7 @@ impl RoundMachine {
                 Stage::Collecting(_) => self.collect_step(now, tick),
                 Stage::Reconciling(_) => self.reconcile_step(now),
                 Stage::Paused => {
-                    if self.available {
+                    if self.available || self.early_ended() {
                         self.begin_round(now);
                     }
                 }
@@ -512,6 +512,13 @@ impl RoundMachine {
         })
     }
 
+    /// Steps ran ahead and ended with something to send.
+    fn early_ended(&self) -> bool {
+        self.early
+            .as_ref()
+            .is_some_and(|e| e.done.as_ref().is_some_and(|t| t.steps > 0))
+    }
+
     /// Trainer peers that are not paused.
     fn live_peers(&self) -> usize {
         self.trainer_peers()
@@ -550,7 +557,8 @@ impl RoundMachine {
             }
             return;
         }
-        if !self.available {
+        // Steps that ran ahead and stopped when the window closed still go out for their round.
+        if !self.available && !self.early_ended() {
             self.stage = Stage::Paused;
             if self.phase != Phase::Paused {
                 self.announce(Phase::Paused);

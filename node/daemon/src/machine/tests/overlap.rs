@@ -160,3 +160,63 @@ fn no_steps_run_ahead_of_the_last_round_or_without_overlap() {
     assert!(pushed(&outs).is_some());
     assert!(trains(&outs).is_empty(), "{:?}", trains(&outs));
 }
+
+#[test]
+fn steps_ahead_stopped_by_a_closing_window_still_go_out_for_their_round() {
+    let (mut m, keys) = overlapping();
+    let g = m.hash();
+    let first = collecting(&mut m, &keys);
+    assert_eq!(trains(&first).len(), 1);
+    // The window closes while round 1's steps run ahead and round 0 is collected.
+    m.handle(T0 + 1_020, Input::Window(false));
+    let (_, _, b) = own_and_two_more(&mut m, &first, g);
+    m.handle(
+        T0 + 1_200,
+        Input::Contribution {
+            from: pk(3),
+            envelope: b,
+        },
+    );
+    let mut now = T0 + 1_200;
+    let mut pending: Vec<Output> = vec![];
+    let mut h1 = None;
+    for _ in 0..20 {
+        now += CONFIRM_MS;
+        let mut outs = answer_asks(&mut m, now, &pending, |k| match h1 {
+            Some(h) => Some(status(1, h, Phase::Training, now)),
+            None => Some(status(0, g, Phase::Collecting, now).with_holding(vec![*k])),
+        });
+        outs.extend(m.handle(now, Input::Tick));
+        if let Some(n) = new_state(&outs) {
+            h1 = Some(n.hash);
+        }
+        pending = outs;
+    }
+    let h1 = h1.expect("round 0 closed");
+    assert_eq!(m.stage(), "paused");
+    // The steps stop after 3 of 10: they still go out, for round 1.
+    let mut outs = m.handle(
+        now,
+        Input::Trained(Trained {
+            steps: 3,
+            tokens: 300,
+            yielded: true,
+            params: vec![0.38; P],
+            ..trained(0.0)
+        }),
+    );
+    for _ in 0..20 {
+        if pushed(&outs).is_some() {
+            break;
+        }
+        now += CONFIRM_MS;
+        let mut more = answer_asks(&mut m, now, &outs, |_| {
+            Some(status(1, h1, Phase::Training, now))
+        });
+        more.extend(m.handle(now, Input::Tick));
+        outs = more;
+    }
+    let env = pushed(&outs).expect("the steps done went out");
+    assert_eq!((env.header.round, env.header.base_hash), (1, h1));
+    assert!(trains(&outs).is_empty(), "trained while the window is closed");
+}
