@@ -131,11 +131,8 @@ pub enum Start {
         state: Arc<StateSnapshot>,
         hash: Hash32,
     },
-    /// From where the trainer's last steps ended: training on while the contribution they made
-    /// is being averaged (overlap).
-    Continue,
-    /// From these parameters, keeping the inner optimizer's state: the newest θ plus the progress
-    /// of the steps whose contribution is being averaged (overlap).
+    /// From these parameters, keeping the inner optimizer's state: steps run ahead while a
+    /// round is collected (overlap), from an estimate of the round's outcome.
     Params(Arc<Vec<f32>>),
 }
 
