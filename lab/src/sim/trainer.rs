@@ -100,11 +100,16 @@ impl Model {
     pub fn train(&mut self, node: usize, start: &Start, steps: u32, rng: &mut ChaCha8Rng) -> Steps {
         match self {
             Model::Quadratic(q) => {
+                if q.last.len() <= node {
+                    q.last.resize(node + 1, vec![]);
+                }
                 let mut params = match start {
                     Start::State { state, .. } => state.params.clone(),
+                    Start::Continue => q.last[node].clone(),
                     Start::Params(p) => p.to_vec(),
                 };
                 let mean_loss = q.train(&mut params, steps, rng);
+                q.last[node].clone_from(&params);
                 Steps {
                     params,
                     mean_loss,
@@ -198,6 +203,7 @@ impl Gpt {
                     *loaded = *hash;
                 }
             }
+            Start::Continue => *loaded = Hash32::default(),
             Start::Params(p) => {
                 let _ = t.load_params(p);
                 *loaded = Hash32::default();
@@ -216,6 +222,8 @@ impl Gpt {
 
 pub struct Quadratic {
     target: Vec<f32>,
+    /// Where each node's last steps ended (what [`Start::Continue`] trains on from).
+    last: Vec<Vec<f32>>,
 }
 
 impl Quadratic {
@@ -226,6 +234,7 @@ impl Quadratic {
             target: (0..params)
                 .map(|_| rng.random_range(-1.0f32..1.0))
                 .collect(),
+            last: vec![],
         }
     }
 

@@ -131,8 +131,11 @@ pub enum Start {
         state: Arc<StateSnapshot>,
         hash: Hash32,
     },
-    /// From these parameters, keeping the inner optimizer's state: steps run ahead while a
-    /// round is collected (overlap), from an estimate of the round's outcome.
+    /// From where the trainer's last steps ended: training on while the contribution they made
+    /// is being averaged (overlap).
+    Continue,
+    /// From these parameters, keeping the inner optimizer's state: the newest θ plus the progress
+    /// of the steps whose contribution is being averaged (overlap).
     Params(Arc<Vec<f32>>),
 }
 

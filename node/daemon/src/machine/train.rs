@@ -4,7 +4,6 @@
 use super::accept::encode_delta;
 use super::collect::Collecting;
 use super::*;
-use nightshift_model::OuterOptimizer;
 use nightshift_protocol::message::MAX_EXPECTED;
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{Contribution, DeltaError, PayloadKind, wire};
@@ -48,40 +47,37 @@ impl RoundMachine {
     }
 
     /// Right after a contribution went out: train the next round's steps while this round is
-    /// collected. They start where the swarm's outer step would take θ if this node's steps were
-    /// the round's mean (an eager estimate of the next θ, its outer momentum included); the
-    /// progress from there goes out once the real next θ is known.
+    /// collected, from where these steps ended, rebased on θ when they did not start from it.
     fn start_early(&mut self, now: Millis, base: Option<&[f32]>, t: &Trained) {
         let next = self.state.round + 1;
         let last = self.cfg.rounds.is_some_and(|n| next >= n);
         if !self.cfg.overlap || !self.available || last || t.steps == 0 {
             return;
         }
-        let from = base.unwrap_or(&self.state.params);
-        let own: Vec<f32> = from.iter().zip(&t.params).map(|(a, b)| a - b).collect();
-        let mut start = self.state.params.clone();
-        let n = start.len();
-        let buf = if self.state.momentum.len() == n {
-            self.state.momentum.clone()
-        } else {
-            vec![0.0; n]
+        let (start, from) = match base {
+            None => (Start::Continue, Arc::new(t.params.clone())),
+            Some(b) => {
+                // θ(r) plus the progress not averaged yet: x − b.
+                let p: Vec<f32> = self
+                    .state
+                    .params
+                    .iter()
+                    .zip(&t.params)
+                    .zip(b)
+                    .map(|((th, x), b)| th + (x - b))
+                    .collect();
+                let p = Arc::new(p);
+                (Start::Params(p.clone()), p)
+            }
         };
-        let recipe = &self.cfg.recipe;
-        OuterOptimizer {
-            lr: recipe.outer_lr,
-            momentum: recipe.outer_momentum,
-            buf,
-        }
-        .step(&mut start, &own);
-        let start = Arc::new(start);
         self.early = Some(Early {
-            start: start.clone(),
+            start: from,
             started: now,
             done: None,
         });
         self.out.push(Output::Train {
             round: next,
-            start: Start::Params(start),
+            start,
             steps: self.cfg.inner_steps,
             budget_ms: self.train_budget(),
             fresh: false,

@@ -56,6 +56,11 @@ impl<B: AutodiffBackend> Driver<B> {
                 reload
             }
             // Ahead of the round being collected: its record starts when that one's ends.
+            Start::Continue => {
+                self.ahead = true;
+                self.loaded = Hash32::default();
+                None
+            }
             Start::Params(p) => {
                 self.ahead = true;
                 self.loaded = Hash32::default();
