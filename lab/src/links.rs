@@ -5,9 +5,9 @@
 //! has the delay but no rate limit (a server in a data centre).
 //!
 //! The default model is chosen so that the network matters: `small` (421,697 parameters,
-//! ~230 kB a contribution at `int4:64`) with 10 inner steps a round. A node uploads its
-//! contribution to each peer and to the bootstrap node (which replays every round), so at
-//! 1 Mbit/s its upload alone takes longer than the round's training.
+//! ~230 kB a contribution at `int4:64`) with 15 inner steps a round (~1.4 s on one thread here):
+//! at 1 Mbit/s one contribution takes ~1.9 s to send, longer than the round's training, and a
+//! node uploads it to each peer and to the bootstrap node (which replays every round).
 //!
 //! Per run: `utilization`, the share of a node's wall time spent in inner steps (from its first
 //! round's start to its last round's end; median node); `secs_to_target`, seconds from the
@@ -50,7 +50,7 @@ pub struct LinksArgs {
     #[arg(long, default_value = "small")]
     pub preset: String,
     /// Inner steps per round.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 15)]
     pub inner_steps: u32,
     /// Rounds each run trains.
     #[arg(long, default_value_t = 12)]
@@ -191,7 +191,7 @@ async fn run_one(
     };
     let mut children = vec![];
     for i in 0..n {
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "run",
             "--manifest",
             &s(&mpath),
@@ -215,11 +215,12 @@ async fn run_one(
             "1",
             "--shard",
             &format!("{i}/{n}"),
-            "--overlap",
-            &overlap.to_string(),
         ]
         .map(String::from)
         .to_vec();
+        if overlap {
+            args.push("--overlap".into());
+        }
         children.push(start_in(
             &wan.ns(i + 1),
             &args,

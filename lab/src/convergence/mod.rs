@@ -97,7 +97,7 @@ pub struct ConvergenceArgs {
     pub shards: String,
     /// Whether DiLoCo nodes train the next round while a round is collected (`nightshift run
     /// --overlap`); each DiLoCo run is made once per value given.
-    #[arg(long, value_delimiter = ',', default_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, value_delimiter = ',', default_value = "false", action = clap::ArgAction::Set)]
     pub overlap: Vec<bool>,
     #[command(flatten)]
     pub recipe: SwarmFlags,

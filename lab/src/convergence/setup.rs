@@ -156,7 +156,7 @@ impl Setup {
             wall_secs: start.elapsed().as_secs_f64(),
             ema: vec![],
             overlap: false,
-        seed: Some(self.seed),
+            seed: Some(self.seed),
         })
     }
 }

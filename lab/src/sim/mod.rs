@@ -122,13 +122,9 @@ pub struct SimArgs {
     pub max_virtual_secs: u64,
     /// Nodes train the next round while a round's contributions are exchanged (`nightshift
     /// run --overlap`).
-    #[arg(long, action = clap::ArgAction::Set, default_value_t = true)]
-    #[serde(default = "default_overlap")]
+    #[arg(long)]
+    #[serde(default)]
     pub overlap: bool,
-}
-
-fn default_overlap() -> bool {
-    true
 }
 
 impl Default for SimArgs {

@@ -184,8 +184,12 @@ struct Driver<B: AutodiffBackend> {
     round: Option<trainer::RoundClock>,
     /// Steps run ahead for the next round (overlap): its record starts when this one's ends.
     ahead: bool,
-    /// A copy of the model for validation while the trainer trains ahead.
+    /// A copy of the model for validation while the trainer trains ahead; its results come back
+    /// on `eval_rx`.
     evaluator: Option<Gpt<B::InnerBackend>>,
+    eval_tx: mpsc::UnboundedSender<trainer::Evaluated<B>>,
+    eval_rx: mpsc::UnboundedReceiver<trainer::Evaluated<B>>,
+    evals_pending: usize,
     val: Arc<Vec<(Vec<i32>, Vec<i32>)>>,
     /// Since when the node is paused.
     paused_since: Option<Instant>,
@@ -382,6 +386,7 @@ impl<B: AutodiffBackend> Driver<B> {
         }
         let (answers_tx, answers) = mpsc::unbounded_channel();
         let (trained_tx, trained_rx) = mpsc::unbounded_channel();
+        let (eval_tx, eval_rx) = mpsc::unbounded_channel();
         if let Some(rx) = opts.idle.clone() {
             spawn_availability_watch(rx, avail.clone(), closing.clone(), answers_tx.clone());
         }
@@ -423,6 +428,9 @@ impl<B: AutodiffBackend> Driver<B> {
             round: None,
             ahead: false,
             evaluator,
+            eval_tx,
+            eval_rx,
+            evals_pending: 0,
             val,
             paused_since: None,
             syncing_since: None,
@@ -464,6 +472,10 @@ impl<B: AutodiffBackend> Driver<B> {
                 },
                 Some(i) = self.answers.recv() => i,
                 Some(done) = self.trained_rx.recv() => self.on_trained(done),
+                Some(e) = self.eval_rx.recv() => {
+                    self.evaluated(e);
+                    continue;
+                }
                 _ = tick.tick() => {
                     self.on_tick().await;
                     Input::Tick
@@ -478,6 +490,7 @@ impl<B: AutodiffBackend> Driver<B> {
             };
             reason = self.feed(input).await?;
         };
+        self.finish_evaluations().await;
         self.sink.emit(&NodeEvent::Stopped {
             round: self.m.round(),
             state_hash: self.m.hash().to_hex(),

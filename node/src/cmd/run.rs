@@ -70,9 +70,11 @@ pub struct RunArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
     /// Train the next round while the last round's contributions are still being exchanged, so
-    /// that a slow link does not leave the device idle; the swarm's average then reaches this
-    /// node's training one round later. `--overlap false` waits for each round's average.
-    #[arg(long, action = clap::ArgAction::Set, default_value_t = true)]
+    /// that a slow link does not leave the device idle. The swarm's average then reaches this
+    /// node's training a round late, which costs accuracy (about 5 % higher validation loss at
+    /// equal tokens with 4 nodes; BENCHMARKS.md): worth it where the network, not the device, is
+    /// the bottleneck.
+    #[arg(long)]
     pub overlap: bool,
 }
 

@@ -6,7 +6,7 @@ use super::*;
 use crate::events::RoundRecord;
 use crate::machine::{How, Millis, NewState, Note, Start, Trained};
 use burn::module::Module;
-use nightshift_model::InnerReport;
+use nightshift_model::{Gpt, InnerReport};
 use nightshift_protocol::{StateSnapshot, delta};
 use tracing::debug;
 
@@ -23,6 +23,12 @@ pub(super) struct TrainDone<B: AutodiffBackend> {
     budget: bool,
     /// The state given could not be loaded into the trainer.
     failed: Option<String>,
+}
+
+/// A round's record with its validation loss, and the copy of the model that computed it.
+pub(super) struct Evaluated<B: AutodiffBackend> {
+    rec: RoundRecord,
+    model: Option<Gpt<B::InnerBackend>>,
 }
 
 /// The round under way, for its record.
@@ -130,54 +136,78 @@ impl<B: AutodiffBackend> Driver<B> {
         }
     }
 
-    /// The validation loss of `state` on the trainer when it is free (which then holds θ), else
-    /// on the evaluator (the trainer is training ahead); NaN when neither can.
-    async fn evaluate(
+    /// Loads `state` into the trainer and returns its validation loss (NaN when `evaluate` is
+    /// false or the trainer is suspended); `None` when the trainer is training ahead.
+    async fn evaluate_on_trainer(
         &mut self,
         state: &Arc<StateSnapshot>,
         hash: Hash32,
         evaluate: bool,
-    ) -> anyhow::Result<f32> {
-        if let Some(mut c) = self.compute.take() {
-            let s = state.clone();
-            let (c, loaded, v) = tokio::task::spawn_blocking(move || {
-                let loaded = c.trainer.load_params(&s.params).is_ok();
-                // A suspended trainer keeps the device free: no evaluation then.
-                let v = if evaluate && loaded && !c.trainer.is_suspended() {
-                    c.val_loss()
-                } else {
-                    f32::NAN
-                };
-                (c, loaded, v)
-            })
-            .await?;
-            self.compute = Some(c);
-            if loaded {
-                self.loaded = hash;
-            } else {
-                warn!(round = state.round, "the new state does not fit the model");
-            }
-            return Ok(v);
-        }
-        let Some(model) = self.evaluator.take().filter(|_| evaluate) else {
-            return Ok(f32::NAN);
+    ) -> anyhow::Result<Option<f32>> {
+        let Some(mut c) = self.compute.take() else {
+            return Ok(None);
         };
-        let (s, val) = (state.clone(), self.val.clone());
-        let (model, v) = tokio::task::spawn_blocking(move || {
-            let Some(device) = model.devices().into_iter().next() else {
-                return (None, f32::NAN);
+        let s = state.clone();
+        let (c, loaded, v) = tokio::task::spawn_blocking(move || {
+            let loaded = c.trainer.load_params(&s.params).is_ok();
+            // A suspended trainer keeps the device free: no evaluation then.
+            let v = if evaluate && loaded && !c.trainer.is_suspended() {
+                c.val_loss()
+            } else {
+                f32::NAN
             };
-            match nightshift_model::flat::unflatten(model, &s.params, &device) {
-                Ok(m) => {
-                    let v = eval::val_loss(&m, &val);
-                    (Some(m), v)
-                }
-                Err(_) => (None, f32::NAN),
-            }
+            (c, loaded, v)
         })
         .await?;
-        self.evaluator = model;
-        Ok(v)
+        self.compute = Some(c);
+        if loaded {
+            self.loaded = hash;
+        } else {
+            warn!(round = state.round, "the new state does not fit the model");
+        }
+        Ok(Some(v))
+    }
+
+    /// While the trainer trains ahead: `rec`'s validation loss is computed on the copy of the
+    /// model in the background, and the record emitted once it is ([`Self::evaluated`]); at once
+    /// without it when the copy is busy with the last one.
+    fn evaluate_later(&mut self, state: Arc<StateSnapshot>, rec: RoundRecord) {
+        let Some(model) = self.evaluator.take() else {
+            return self.evaluated(Evaluated { rec, model: None });
+        };
+        let (val, tx) = (self.val.clone(), self.eval_tx.clone());
+        self.evals_pending += 1;
+        tokio::task::spawn_blocking(move || {
+            let mut rec = rec;
+            let model = model.devices().into_iter().next().and_then(|device| {
+                nightshift_model::flat::unflatten(model, &state.params, &device).ok()
+            });
+            if let Some(m) = &model {
+                rec.val_loss = eval::val_loss(m, &val);
+            }
+            let _ = tx.send(Evaluated { rec, model });
+        });
+    }
+
+    /// A round's record, its validation loss known.
+    pub(super) fn evaluated(&mut self, e: Evaluated<B>) {
+        let Evaluated { rec, model } = e;
+        if model.is_some() {
+            self.evaluator = model;
+            self.evals_pending = self.evals_pending.saturating_sub(1);
+        }
+        info!(round = rec.round, val_loss = rec.val_loss, contributors = rec.contributors, hash = %&rec.state_hash[..16], secs = rec.round_secs, "round completed");
+        self.sink.emit(&NodeEvent::RoundCompleted(rec));
+    }
+
+    /// Waits for the records still being evaluated (the node is leaving).
+    pub(super) async fn finish_evaluations(&mut self) {
+        while self.evals_pending > 0 {
+            match self.eval_rx.recv().await {
+                Some(e) => self.evaluated(e),
+                None => break,
+            }
+        }
     }
 
     /// The trainer is back: what it did goes to the machine (and a yield to the events).
@@ -245,7 +275,8 @@ impl<B: AutodiffBackend> Driver<B> {
         let NewState { state, hash, how } = ns;
         checkpoint_and_serve(&self.store, &self.io.net, state.clone(), hash).await;
         let evaluate = matches!(how, How::Stepped(_));
-        let val_loss = self.evaluate(&state, hash, evaluate).await?;
+        let on_trainer = self.evaluate_on_trainer(&state, hash, evaluate).await?;
+        let val_loss = on_trainer.unwrap_or(f32::NAN);
         let next = self.ahead.then(|| self.clock());
         match how {
             How::Stepped(s) => {
@@ -304,8 +335,10 @@ impl<B: AutodiffBackend> Driver<B> {
                     round_secs: clock.map_or(0.0, |c| c.started.elapsed().as_secs_f64()),
                 };
                 self.round = next;
-                info!(round = s.round, val_loss, contributors = s.contributors, hash = %hash.short(), secs = rec.round_secs, "round completed");
-                self.sink.emit(&NodeEvent::RoundCompleted(rec));
+                match on_trainer {
+                    Some(_) => self.evaluated(Evaluated { rec, model: None }),
+                    None => self.evaluate_later(state, rec),
+                }
             }
             How::Synced {
                 from,

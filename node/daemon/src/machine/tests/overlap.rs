@@ -218,5 +218,8 @@ fn steps_ahead_stopped_by_a_closing_window_still_go_out_for_their_round() {
     }
     let env = pushed(&outs).expect("the steps done went out");
     assert_eq!((env.header.round, env.header.base_hash), (1, h1));
-    assert!(trains(&outs).is_empty(), "trained while the window is closed");
+    assert!(
+        trains(&outs).is_empty(),
+        "trained while the window is closed"
+    );
 }
