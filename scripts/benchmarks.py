@@ -428,8 +428,11 @@ def scale_note():
             f"`{path}`, `.txt`.") if out else ""
 
 
+LINKS = "docs/bench/links/v3-overlap.json"
+
+
 def links_rows():
-    path = "docs/bench/links/v2-no-overlap.json"
+    path = LINKS
     if not (ROOT / path).exists():
         return []
     rows = []
@@ -446,20 +449,22 @@ def links_rows():
 
 
 def links_note():
-    path = "docs/bench/links/v2-no-overlap.json"
+    path = LINKS
     if not (ROOT / path).exists():
         return ""
     d = load(path)
     c = d["config"]
-    same = len({r["final_val_loss"] for r in d["runs"]}) == 1
-    return (("Every run ends on the same loss: without overlap a round waits for its "
-             "contributions, so the link changes the time, not the model. " if same else "")
+    same = all(len({r["final_val_loss"] for r in d["runs"] if r["overlap"] == o}) == 1
+               for o in (False, True))
+    return (("With overlap and without, every run ends on the same loss: a round waits for its "
+             "contributions, so the link changes the time, not the model; overlap changes the "
+             "model (the average reaches a node's training a round late). " if same else "")
             + f"`{c['preset']}`, {c['inner_steps']} inner steps a round, {c['rounds']} rounds, "
             f"seed {c['seed']}, "
             f"{c['nodes']} nodes of one thread each and a bootstrap node (which fetches every "
             f"contribution to replay the round), target loss {c['target_loss_used']:.4f} (the "
             "highest final loss of the runs). `nightshift-lab links --json F --plot F.svg` · "
-            f"{commit_of(path, '?')} · `{path}`, chart `docs/bench/links/v2-no-overlap.svg`.")
+            f"{commit_of(path, '?')} · `{path}`, chart `{path[:-5]}.svg`.")
 
 
 def nat_rows():
@@ -624,8 +629,8 @@ def page():
         "link is an emulated WAN link (a user-space carrier between TUN devices: rate, one-way "
         "delay, loss on the uplink, a half-second drop-tail buffer; this kernel has no `netem`). "
         "`utilization` is the share of a node's wall time spent in inner steps (median node). "
-        "Overlap (training the next round while contributions travel) is not built yet: every "
-        "row is without it.",
+        "Overlap (`nightshift run --overlap`): a node trains the next round while the last "
+        "round's contributions travel; off by default, since it costs accuracy (below).",
         "",
         table(["link", "RTT", "loss", "nodes", "overlap", "utilization", "time to target",
                "bytes up per node per round", "round", "final loss"], links_rows()),
