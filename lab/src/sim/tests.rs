@@ -1,6 +1,7 @@
 //! The simulator's promises: a seed replays bit for bit, and under random delays, losses,
 //! crashes and restarts every node finishes, every node that completes a round holds the same
-//! state, and the swarm makes progress — in private swarms, and in open ones with a bootstrap.
+//! state, and the swarm makes progress — in private swarms, and in open ones with a bootstrap,
+//! with nodes that wait for each round's average and with nodes that train ahead (overlap).
 
 use super::*;
 use clap::Parser;
@@ -129,6 +130,7 @@ proptest! {
         down in 1.0f64..12.0,
         seed in 0u64..1_000_000,
         private in any::<bool>(),
+        overlap in any::<bool>(),
     ) {
         let nodes_s = nodes.to_string();
         // An open swarm's cases lose no messages: a bootstrap that loses the fetch of the
@@ -148,6 +150,9 @@ proptest! {
             "--crashes-until-secs", "20", "--seed", &seed_s,
         ];
         flags.extend(if private { ["--private"].as_slice() } else { ["--bootstraps", "1"].as_slice() });
+        if overlap {
+            flags.push("--overlap");
+        }
         let r = simulate(&args(&flags)).unwrap();
         prop_assert!(r.summary.failures.is_empty(), "{:?}", r.summary.failures);
         prop_assert_eq!(r.summary.nodes_finished, nodes, "{:?}", r.summary);

@@ -217,8 +217,12 @@ impl RoundMachine {
         let base = std::mem::replace(&mut self.state, Arc::new(next));
         self.prev = Some((base, self.hash));
         self.hash = hash;
-        self.held.retain(|(round, _), _| *round >= r);
-        self.out.push(Output::ForgetBefore(r));
+        // Round r's contributions formed the new state; round r − 1's formed the one before,
+        // which a peer on a fork of it replays from θ(r − 1), or a peer a round behind (lost
+        // messages, or steps run ahead) is still reconciling. Older ones go.
+        let keep = r.saturating_sub(1);
+        self.held.retain(|(round, _), _| *round >= keep);
+        self.out.push(Output::ForgetBefore(keep));
         self.holding.clear();
         self.out.push(Output::NewState(NewState {
             state: self.state.clone(),
