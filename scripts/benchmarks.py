@@ -467,6 +467,21 @@ def links_note():
             f"{commit_of(path, '?')} · `{path}`, chart `{path[:-5]}.svg`.")
 
 
+def overlap_rows():
+    """Overlap's accuracy cost at equal tokens: each seed's run without and with it."""
+    rows = []
+    for f in sorted((ROOT / "docs/bench/overlap").glob("convergence-continue-s*.json")):
+        path = str(f.relative_to(ROOT))
+        d = load(path)
+        by = {r["overlap"]: r for r in d["runs"]}
+        if False not in by or True not in by:
+            continue
+        off, on = by[False]["final_val_loss"], by[True]["final_val_loss"]
+        rows.append([str(d["config"]["recipe"]["seed"]), f"{off:.4f}", f"{on:.4f}",
+                     f"**{(on / off - 1) * 100:+.1f} %**", commit_of(path, "?"), f"`{path}`"])
+    return rows
+
+
 def nat_rows():
     path = "docs/bench/nat/punch.json"
     if not (ROOT / path).exists():
@@ -636,6 +651,14 @@ def page():
                "bytes up per node per round", "round", "final loss"], links_rows()),
         "",
         links_note(),
+        "",
+        "Overlap's accuracy cost at equal tokens: `RAYON_NUM_THREADS=1 nightshift-lab convergence "
+        "--runs diloco --k 4 --h 25 --shards whole --overlap false,true --seed S` (the shipped "
+        "recipe, 1,000 steps a node, through the simulator). More than the 1 % that would make it "
+        "the default; the other starting points tried are in HISTORY.",
+        "",
+        table(["seed", "final loss without overlap", "with overlap", "cost", "commit", "file"],
+              overlap_rows()),
         "",
         "## NAT traversal (`tests/tests/nat.rs`)",
         "",
