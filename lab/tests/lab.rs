@@ -159,8 +159,6 @@ fn scale_measures_each_swarm_size_as_processes_and_in_the_simulator() {
         "6",
         "--rounds",
         "3",
-        "--overlap",
-        "false,true",
         "--json",
         json.to_str().unwrap(),
     ]);
