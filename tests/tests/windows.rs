@@ -105,7 +105,9 @@ fn a_closing_window_yields_a_partial_contribution_and_the_node_rejoins_when_idle
     let idle_file = dir.join("node2.idle");
     set_idle(&idle_file, true);
     let spec = format!("file:{}", idle_file.display());
-    let rounds = 8;
+    // Enough rounds that the swarm is still training when node 2 comes back: the checks while
+    // it is paused (`status`, `peers`, two-contributor rounds) take several rounds' time.
+    let rounds = 14;
     let mut n0 = swarm.node(0, &addr, rounds);
     let mut n1 = swarm.node(1, &addr, rounds);
     let mut n2 = swarm.node_with(2, &addr, rounds, &["--idle", &spec, "--idle-after", "0"]);

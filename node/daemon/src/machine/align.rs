@@ -65,12 +65,13 @@ impl RoundMachine {
     }
 
     /// The claims of the connected peers' statuses (a peer that finished still holds a state of
-    /// our round to compare with).
+    /// our round to compare with, or of the next one to replay while it lingers).
     pub(super) fn claims(&self) -> Vec<Claim> {
         let r = self.state.round;
         group_claims(self.peers.iter().filter_map(|(k, p)| {
             let s = p.status.as_ref()?;
-            (p.connected && (s.phase != Phase::Done || s.round == r)).then_some((*k, s))
+            (p.connected && (s.phase != Phase::Done || s.round == r || s.round == r + 1))
+                .then_some((*k, s))
         }))
     }
 

@@ -250,50 +250,15 @@ fn a_fork_formed_by_more_contributions_replaces_ours_by_replay_from_the_state_be
         formed_by: formed.clone(),
         ..status(1, their_hash, Phase::Ready, now)
     };
-    let mut now = at;
-    let mut outs = vec![];
-    for k in &keys {
-        outs.extend(m.handle(
-            now,
-            Input::Status {
-                from: *k,
-                status: claim(now),
-            },
-        ));
-    }
+    // Only peer 3's contribution is missing; whoever is asked serves it.
     let mut adopted = None;
-    for _ in 0..200 {
-        now += CONFIRM_MS;
-        let mut all = std::mem::take(&mut outs);
-        all.extend(m.handle(now, Input::Tick));
-        let answers = answer_asks(&mut m, now, &all, |_| Some(claim(now)));
-        all.extend(answers);
-        // Only peer 3's contribution is missing; whoever is asked serves it.
-        for o in all.clone() {
-            if let Output::Fetch { from, sender, .. } = o {
-                let env = if sender == pk(3) {
-                    b.clone()
-                } else {
-                    a.clone()
-                };
-                all.extend(m.handle(
-                    now,
-                    Input::Contribution {
-                        from,
-                        envelope: env,
-                    },
-                ));
-            }
-        }
-        if let Some(n) = all.iter().find_map(|o| match o {
+    follow_claim(&mut m, at, &keys, claim, (&a, &b), |all| {
+        adopted = all.iter().find_map(|o| match o {
             Output::NewState(n) if n.hash == their_hash => Some(n.clone()),
             _ => None,
-        }) {
-            adopted = Some(n);
-            break;
-        }
-        outs = vec![];
-    }
+        });
+        adopted.is_some()
+    });
     let n = adopted.expect("the preferred fork was replayed and adopted");
     assert!(matches!(
         n.how,
@@ -469,26 +434,14 @@ fn after_its_last_round_a_node_waits_for_peers_still_collecting_it_and_adopts_th
     // The swarm runs one round. Ours closes at the deadline with two contributions while both
     // peers are still collecting: no next round would repair the fork, so the node waits for
     // them before it finishes, and takes their state formed by all three.
-    let mut m = RoundMachine::new(
+    let (mut m, keys) = node_with(
         Config {
             rounds: Some(1),
             ..config(2)
         },
-        genesis(),
+        2,
     );
     let g = m.hash();
-    m.handle(0, Input::Start);
-    let keys = [pk(2), pk(3)];
-    for k in keys {
-        m.handle(0, Input::Connected(k));
-        m.handle(
-            0,
-            Input::Status {
-                from: k,
-                status: status(0, g, Phase::Ready, 0),
-            },
-        );
-    }
     let outs = collecting(&mut m, &keys);
     let (own, a, b) = own_and_two_more(&mut m, &outs, g);
     let (at, ours, _) = run_until_new_state(&mut m, T0 + 1_100, T0 + 200_000, |_, now| {
@@ -524,47 +477,14 @@ fn after_its_last_round_a_node_waits_for_peers_still_collecting_it_and_adopts_th
         formed_by: formed.clone(),
         ..status(1, their_hash, Phase::Ready, now)
     };
-    let mut outs = vec![];
-    for k in keys {
-        outs.extend(m.handle(
-            now,
-            Input::Status {
-                from: k,
-                status: claim(now),
-            },
-        ));
-    }
     let (mut adopted, mut finished) = (false, false);
-    for _ in 0..200 {
-        now += CONFIRM_MS;
-        let mut all = std::mem::take(&mut outs);
-        all.extend(m.handle(now, Input::Tick));
-        let answers = answer_asks(&mut m, now, &all, |_| Some(claim(now)));
-        all.extend(answers);
-        for o in all.clone() {
-            if let Output::Fetch { from, sender, .. } = o {
-                let env = if sender == pk(3) {
-                    b.clone()
-                } else {
-                    a.clone()
-                };
-                all.extend(m.handle(
-                    now,
-                    Input::Contribution {
-                        from,
-                        envelope: env,
-                    },
-                ));
-            }
-        }
+    follow_claim(&mut m, now, &keys, claim, (&a, &b), |all| {
         adopted |= all
             .iter()
             .any(|o| matches!(o, Output::NewState(n) if n.hash == their_hash));
         finished |= all.iter().any(|o| matches!(o, Output::Finished(_)));
-        if finished {
-            break;
-        }
-    }
+        finished
+    });
     assert!(
         adopted,
         "the better state of the last round was not adopted"

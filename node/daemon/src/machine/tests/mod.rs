@@ -131,7 +131,12 @@ fn peer_two_claims(m: &mut RoundMachine, hash: Hash32, a: &SignedEnvelope) -> Ve
 
 /// A node (key 1) with `peers` (keys 2, 3, ...) connected, all at genesis and ready.
 fn node(peers: u8) -> (RoundMachine, Vec<Key>) {
-    let mut m = RoundMachine::new(config(peers as usize), genesis());
+    node_with(config(peers as usize), peers)
+}
+
+/// The same with `cfg`.
+fn node_with(cfg: Config, peers: u8) -> (RoundMachine, Vec<Key>) {
+    let mut m = RoundMachine::new(cfg, genesis());
     let h = m.hash();
     m.handle(0, Input::Start);
     let keys: Vec<Key> = (2..2 + peers).map(pk).collect();
@@ -255,6 +260,51 @@ impl WithHolding for Status {
         self.holding = h;
         self
     }
+}
+
+/// Every peer claims `claim(now)`; the node ticks, its look-ups answered with the claim and its
+/// fetches with `a` (peer 3's contribution: `b`), until `done` holds of a tick's outputs.
+fn follow_claim(
+    m: &mut RoundMachine,
+    mut now: Millis,
+    keys: &[Key],
+    claim: impl Fn(Millis) -> Status,
+    (a, b): (&Arc<SignedEnvelope>, &Arc<SignedEnvelope>),
+    mut done: impl FnMut(&[Output]) -> bool,
+) -> bool {
+    let mut outs = vec![];
+    for k in keys {
+        outs.extend(m.handle(
+            now,
+            Input::Status {
+                from: *k,
+                status: claim(now),
+            },
+        ));
+    }
+    for _ in 0..200 {
+        now += CONFIRM_MS;
+        let mut all = std::mem::take(&mut outs);
+        all.extend(m.handle(now, Input::Tick));
+        let answers = answer_asks(m, now, &all, |_| Some(claim(now)));
+        all.extend(answers);
+        for o in all.clone() {
+            if let Output::Fetch { from, sender, .. } = o {
+                let env = if sender == pk(3) { b } else { a };
+                all.extend(m.handle(
+                    now,
+                    Input::Contribution {
+                        from,
+                        envelope: env.clone(),
+                    },
+                ));
+            }
+        }
+        if done(&all) {
+            return true;
+        }
+    }
+    false
 }
 
 /// Ticks (answering look-ups as `answer` says) until the node moves to a new state.

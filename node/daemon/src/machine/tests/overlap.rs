@@ -5,27 +5,13 @@ use super::*;
 
 /// A node with overlap on and two peers, all at genesis and ready.
 fn overlapping() -> (RoundMachine, Vec<Key>) {
-    let mut m = RoundMachine::new(
+    node_with(
         Config {
             overlap: true,
             ..config(2)
         },
-        genesis(),
-    );
-    let h = m.hash();
-    m.handle(0, Input::Start);
-    let keys = vec![pk(2), pk(3)];
-    for k in &keys {
-        m.handle(0, Input::Connected(*k));
-        m.handle(
-            0,
-            Input::Status {
-                from: *k,
-                status: status(0, h, Phase::Ready, 0),
-            },
-        );
-    }
-    (m, keys)
+        2,
+    )
 }
 
 fn trains(outs: &[Output]) -> Vec<(u64, Start)> {
@@ -136,26 +122,14 @@ fn no_steps_run_ahead_of_the_last_round_or_without_overlap() {
     let outs = collecting(&mut m, &keys);
     assert!(trains(&outs).is_empty());
     // The last round: nothing to run ahead for.
-    let mut m = RoundMachine::new(
+    let (mut m, _) = node_with(
         Config {
             overlap: true,
             rounds: Some(1),
             ..config(2)
         },
-        genesis(),
+        2,
     );
-    let h = m.hash();
-    m.handle(0, Input::Start);
-    for k in &keys {
-        m.handle(0, Input::Connected(*k));
-        m.handle(
-            0,
-            Input::Status {
-                from: *k,
-                status: status(0, h, Phase::Ready, 0),
-            },
-        );
-    }
     let outs = collecting(&mut m, &keys);
     assert!(pushed(&outs).is_some());
     assert!(trains(&outs).is_empty(), "{:?}", trains(&outs));
