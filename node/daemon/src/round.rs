@@ -187,8 +187,8 @@ struct Driver<B: AutodiffBackend> {
     /// A copy of the model for validation while the trainer trains ahead; its results come back
     /// on `eval_rx`.
     evaluator: Option<Gpt<B::InnerBackend>>,
-    eval_tx: mpsc::UnboundedSender<trainer::Evaluated<B>>,
-    eval_rx: mpsc::UnboundedReceiver<trainer::Evaluated<B>>,
+    eval_tx: mpsc::Sender<trainer::Evaluated<B>>,
+    eval_rx: mpsc::Receiver<trainer::Evaluated<B>>,
     evals_pending: usize,
     val: Arc<Vec<(Vec<i32>, Vec<i32>)>>,
     /// Since when the node is paused.
@@ -386,7 +386,8 @@ impl<B: AutodiffBackend> Driver<B> {
         }
         let (answers_tx, answers) = mpsc::unbounded_channel();
         let (trained_tx, trained_rx) = mpsc::unbounded_channel();
-        let (eval_tx, eval_rx) = mpsc::unbounded_channel();
+        // One copy of the model evaluates at a time: at most one result is ever waiting.
+        let (eval_tx, eval_rx) = mpsc::channel(1);
         if let Some(rx) = opts.idle.clone() {
             spawn_availability_watch(rx, avail.clone(), closing.clone(), answers_tx.clone());
         }

@@ -185,7 +185,7 @@ impl<B: AutodiffBackend> Driver<B> {
             if let Some(m) = &model {
                 rec.val_loss = eval::val_loss(m, &val);
             }
-            let _ = tx.send(Evaluated { rec, model });
+            let _ = tx.blocking_send(Evaluated { rec, model });
         });
     }
 
