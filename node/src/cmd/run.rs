@@ -72,8 +72,8 @@ pub struct RunArgs {
     /// Train the next round while the last round's contributions are still being exchanged, so
     /// that a slow link does not leave the device idle. The swarm's average then reaches this
     /// node's training a round late, which costs accuracy (about 5 % higher validation loss at
-    /// equal tokens with 4 nodes; BENCHMARKS.md): worth it where the network, not the device, is
-    /// the bottleneck.
+    /// equal tokens with 4 nodes): worth it where the network, not the device, is the
+    /// bottleneck.
     #[arg(long)]
     pub overlap: bool,
 }

@@ -235,15 +235,7 @@ fn a_fork_formed_by_more_contributions_replaces_ours_by_replay_from_the_state_be
     .expect("the deadline closed our round");
     let How::Stepped(s) = &ours.how else { panic!() };
     assert_eq!(s.contributors, 2);
-    let set: BTreeMap<Key, Accepted> = [&own, &a, &b]
-        .iter()
-        .map(|e| {
-            let x = accept::accept(&recipe().context(0, g), e).unwrap();
-            (x.sender, x)
-        })
-        .collect();
-    let (theirs, _) = recipe().apply(&genesis(), &set).unwrap();
-    let (their_hash, formed) = (theirs.hash(), theirs.formed_by.clone());
+    let (their_hash, formed) = formed_by_all(g, [&own, &a, &b]);
     assert_ne!(their_hash, ours.hash);
     // Both peers announce their θ(1): a fork of ours, preferred (three contributions to two).
     let claim = |now: Millis| Status {
@@ -463,15 +455,7 @@ fn after_its_last_round_a_node_waits_for_peers_still_collecting_it_and_adopts_th
         });
     }
     assert_eq!(m.stage(), "aligning");
-    let set: BTreeMap<Key, Accepted> = [&own, &a, &b]
-        .iter()
-        .map(|e| {
-            let x = accept::accept(&recipe().context(0, g), e).unwrap();
-            (x.sender, x)
-        })
-        .collect();
-    let (theirs, _) = recipe().apply(&genesis(), &set).unwrap();
-    let (their_hash, formed) = (theirs.hash(), theirs.formed_by.clone());
+    let (their_hash, formed) = formed_by_all(g, [&own, &a, &b]);
     assert_ne!(their_hash, ours.hash);
     let claim = |now: Millis| Status {
         formed_by: formed.clone(),

@@ -110,6 +110,19 @@ fn formed_by_peer_two(g: Hash32, a: &SignedEnvelope) -> StateSnapshot {
         .0
 }
 
+/// θ(1) stepped from genesis (hash `g`) with all of `contributions`: its hash and `formed_by`.
+fn formed_by_all(g: Hash32, contributions: [&SignedEnvelope; 3]) -> (Hash32, Vec<ContributionId>) {
+    let set: BTreeMap<Key, Accepted> = contributions
+        .iter()
+        .map(|e| {
+            let x = accept::accept(&recipe().context(0, g), e).unwrap();
+            (x.sender, x)
+        })
+        .collect();
+    let (theirs, _) = recipe().apply(&genesis(), &set).unwrap();
+    (theirs.hash(), theirs.formed_by.clone())
+}
+
 /// Peer 2 says it holds θ(1) `hash`, formed by its contribution `a`; the node hears it at `T0`,
 /// looks at its peers (peer 2 answers with the same claim) and acts. Every output.
 fn peer_two_claims(m: &mut RoundMachine, hash: Hash32, a: &SignedEnvelope) -> Vec<Output> {
