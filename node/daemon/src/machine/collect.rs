@@ -19,6 +19,8 @@ pub(super) struct Collecting {
     failed: BTreeSet<(Key, Key)>,
     pub(super) own: Trained,
     pub(super) wire_delta_bytes: u64,
+    /// When the statuses of the peers were last asked for while some were missing.
+    refreshed_at: Millis,
 }
 
 impl Collecting {
@@ -38,6 +40,7 @@ impl Collecting {
             failed: BTreeSet::new(),
             own,
             wire_delta_bytes,
+            refreshed_at: now,
         }
     }
 }
@@ -81,7 +84,8 @@ impl RoundMachine {
             .working_on(r)
             .filter(|(k, _)| !c.collected.contains_key(*k))
             .count();
-        let (deadline, quiet_since, pushed_at) = (c.deadline, c.quiet_since, c.pushed_at);
+        let (deadline, quiet_since, pushed_at, refreshed_at) =
+            (c.deadline, c.quiet_since, c.pushed_at, c.refreshed_at);
         if missing == 0 {
             match quiet_since {
                 // Before closing, look at the peers once more: one that resumed or joined the
@@ -109,6 +113,14 @@ impl RoundMachine {
         }
         if !tick {
             return;
+        }
+        // A peer we wait for may have moved on in a status we missed (an announcement lost or
+        // overtaken): look again now and then rather than wait for it until the deadline.
+        if now >= refreshed_at + STATUS_REFRESH_MS && !self.refreshing() {
+            if let Stage::Collecting(c) = &mut self.stage {
+                c.refreshed_at = now;
+            }
+            self.refresh_statuses(now);
         }
         // Fetch what peers hold and we lack: at once when its sender cannot push to us (not
         // connected), else only after giving the push time to arrive.

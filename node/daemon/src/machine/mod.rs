@@ -66,6 +66,8 @@ pub const PUSH_GRACE_MS: Millis = 2_000;
 /// How long collection stays quiet (nobody missing) before it closes: one more look at the
 /// peers, so that one that joined the round a moment ago is not left out.
 pub const CONFIRM_MS: Millis = 300;
+/// How often a collection still missing contributions asks its peers for their statuses again.
+pub const STATUS_REFRESH_MS: Millis = 3_000;
 /// The longest reconciling a round may take.
 pub const RECONCILE_MS: Millis = 30_000;
 /// The longest a replay may spend fetching.

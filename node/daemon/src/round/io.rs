@@ -30,6 +30,9 @@ pub struct NetIo {
     connected: HashSet<Key>,
     /// Our signed status as last served.
     served_status: Option<Arc<SignedEnvelope>>,
+    /// The time stamp of the last status signed: each next one is later, so that two statuses
+    /// signed in one millisecond (ready, then syncing) are told apart by their receivers.
+    last_stamp: u64,
     /// The last push to our peers, and when it began: how long it took is the round's
     /// transfer time.
     pub push: Option<(Instant, JoinHandle<Duration>)>,
@@ -55,6 +58,7 @@ impl NetIo {
             answers,
             connected: HashSet::new(),
             served_status: None,
+            last_stamp: 0,
             push: None,
         }
     }
@@ -108,8 +112,9 @@ impl NetIo {
         self.connected.iter()
     }
 
-    fn signed(&self, mut status: nightshift_protocol::Status) -> Arc<SignedEnvelope> {
-        status.unix_ms = net::unix_ms();
+    fn signed(&mut self, mut status: nightshift_protocol::Status) -> Arc<SignedEnvelope> {
+        self.last_stamp = net::unix_ms().max(self.last_stamp + 1);
+        status.unix_ms = self.last_stamp;
         Arc::new(sign_status(&self.key, self.swarm_id, &status))
     }
 

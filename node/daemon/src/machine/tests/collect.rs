@@ -285,3 +285,35 @@ fn a_peer_that_dies_during_the_round_is_still_expected_in_it() {
     });
     assert_eq!(pushed, Some(vec![pk(2)]));
 }
+
+#[test]
+fn a_peer_whose_last_status_we_missed_is_looked_at_again_instead_of_waited_for() {
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    collecting(&mut m, &keys);
+    peer_two_sends(&mut m, g);
+    // Peer 3 joined mid-round: its "ready" reached us, its "syncing" (it waits for the next
+    // round) did not. Asked again, it says so.
+    m.handle(
+        T0 + 1_150,
+        Input::Status {
+            from: pk(3),
+            status: status(0, g, Phase::Ready, T0 + 1_150),
+        },
+    );
+    let (at, n, _) = run_until_new_state(&mut m, T0 + 1_200, T0 + 200_000, |k, now| {
+        let phase = if *k == pk(3) {
+            Phase::Syncing
+        } else {
+            Phase::Collecting
+        };
+        Some(status(0, g, phase, now))
+    })
+    .expect("closed");
+    assert!(
+        at < T0 + 10_000,
+        "waited until {at} for a peer that was not training"
+    );
+    let How::Stepped(s) = &n.how else { panic!() };
+    assert_eq!(s.contributors, 2);
+}
