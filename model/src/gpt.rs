@@ -73,7 +73,7 @@ impl GptConfig {
                 })
                 .collect(),
             norm: LayerNormConfig::new(d).init(device),
-            head: LinearConfig::new(d, self.vocab).init(device),
+            head: LinearConfig::new(d, self.vocab).with_bias(false).init(device),
             seq_len: self.seq_len,
         }
     }
@@ -140,7 +140,8 @@ impl<B: Backend> Block<B> {
     }
 }
 
-/// Token and position embeddings, pre-norm transformer blocks with a causal mask, a linear head.
+/// Token and position embeddings, pre-norm transformer blocks with a causal mask, a linear head
+/// without a bias: GPT-2's architecture (see [`crate::export`]).
 #[derive(Module, Debug)]
 pub struct Gpt<B: Backend> {
     tok: Embedding<B>,

@@ -9,15 +9,19 @@
 //! - [`outer`] — averaging pseudo-gradients, the Nesterov outer optimizer, error feedback.
 //! - [`robust`] — robust aggregation: norm bounds, centered clipping, trimmed mean.
 //! - [`eval`] — validation loss.
+//! - [`export`] — the model in Hugging Face's GPT-2 layout (safetensors, `config.json`, `tokenizer.json`).
+//! - [`sample`] — text generation.
 
 pub mod backend;
 pub mod data;
 pub mod eval;
+pub mod export;
 pub mod flat;
 pub mod gpt;
 pub mod inner;
 pub mod outer;
 pub mod robust;
+pub mod sample;
 
 pub use data::{Corpus, DataError, Shard, Tokenizer};
 pub use gpt::{Gpt, GptConfig};

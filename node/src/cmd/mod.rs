@@ -5,6 +5,7 @@ pub mod common;
 pub mod control;
 pub mod demo;
 pub mod doctor;
+pub mod export;
 pub mod keygen;
 pub mod peers;
 pub mod run;
@@ -48,6 +49,12 @@ pub enum Command {
     /// Check whether this machine can take part: its device, and whether peers can reach it
     /// (directly, or through a bootstrap node's relay behind a NAT), with what to do if not.
     Doctor(doctor::DoctorArgs),
+    /// Write the swarm's model, as a stopped node holds it, in Hugging Face's GPT-2 layout:
+    /// safetensors weights, config.json and tokenizer.json (`transformers` loads it).
+    Export(export::ExportArgs),
+    /// Print text the swarm's model writes after a prompt (from a stopped node's data
+    /// directory, or from an export).
+    Sample(export::SampleArgs),
     /// The benchmarks moved to `nightshift-lab` (this says how to run them).
     #[command(hide = true)]
     Bench {
@@ -78,6 +85,8 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Status(a) => control::control_command(&a, "status").await,
         Command::Peers(a) => peers::run_peers(a).await,
         Command::Doctor(a) => doctor::run_doctor(a).await,
+        Command::Export(a) => export::run_export(a),
+        Command::Sample(a) => export::run_sample(a),
         Command::Bench { rest } => anyhow::bail!(
             "the benchmarks are not part of nightshift: run `nightshift-lab {}` (built by \
              `cargo build --release -p nightshift-lab`)",
