@@ -429,6 +429,7 @@ def scale_note():
 
 
 LINKS = "docs/bench/links/v3-overlap.json"
+EXPORT = load("docs/bench/export/check.json")
 
 
 def links_rows():
@@ -576,9 +577,20 @@ def page():
              "box: **62.1 s** against 59.5 s (medians of 2; 64.1 / 60.1 against 61.0 / 58.0 s, "
              "1.04×), the same **2.0553**, 12 of 12 agreed, 0 forks, peak RSS 263–283 MiB "
              "against 291–296 MiB. At 930feca (the crates split, the rule fixes of 2026-12-06): "
-             "58.6 s, the same 2.0553, 12 of 12 agreed, 0 forks, 295 MiB",
+             "58.6 s, the same 2.0553, 12 of 12 agreed, 0 forks, 295 MiB. At cfd6d6c (the head "
+             "without a bias, GPT-2's layout): 61.6 s, 4.4333 → **2.0559** (2.2058 with "
+             "`--inner-optimizer adamw`, 2.0562 with `--aggregator mean`), 12 of 12 agreed, "
+             "0 forks, 286 MB",
              "`nightshift demo --dir D --report D/report.json` · 5d9a6a3; before/after: "
              "`docs/bench/demo-driver.txt`"],
+            ["`nightshift export` loads in `transformers` with the same loss",
+             "`GPT2LMHeadModel.from_pretrained` on the demo's round-12 export: loss "
+             f"{EXPORT['hf_loss']:.6f} against nightshift's {EXPORT['nightshift_loss']:.6f} on the "
+             f"same {EXPORT['windows']} validation windows (relative difference "
+             f"{EXPORT['relative_difference']:.1e}); `PreTrainedTokenizerFast` encodes their text into "
+             f"nightshift's ids ({EXPORT['tokenizer_mismatches']} mismatches); transformers "
+             f"{EXPORT['transformers']}, torch {EXPORT['torch']}",
+             "`python3 scripts/check_export.py` · cfd6d6c · `docs/bench/export/check.json`"],
             ["a contribution on the wire", "208.3 KiB at `int4:64` against 1.63 MiB as fp32 (8.0×)",
              "the demo's report"],
             ["signed statuses",
