@@ -123,6 +123,7 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
             admitted: admitted.clone(),
             psk: opts.psk,
             relay_server: true,
+            metrics: None,
         },
         served,
     )?;

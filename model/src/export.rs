@@ -101,7 +101,10 @@ fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// A vector of the wrong length.
 pub fn to_gpt2(cfg: &GptConfig, params: &[f32]) -> Result<Vec<NamedTensor>, ExportError> {
     let layout = layout(cfg)?;
-    let expected: usize = layout.iter().map(|(_, s, _)| s.iter().product::<usize>()).sum();
+    let expected: usize = layout
+        .iter()
+        .map(|(_, s, _)| s.iter().product::<usize>())
+        .sum();
     if params.len() != expected {
         return Err(ExportError::Length {
             got: params.len(),

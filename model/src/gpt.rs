@@ -73,7 +73,9 @@ impl GptConfig {
                 })
                 .collect(),
             norm: LayerNormConfig::new(d).init(device),
-            head: LinearConfig::new(d, self.vocab).with_bias(false).init(device),
+            head: LinearConfig::new(d, self.vocab)
+                .with_bias(false)
+                .init(device),
             seq_len: self.seq_len,
         }
     }

@@ -7,4 +7,6 @@
 
 pub mod cmd;
 
-pub use nightshift_daemon::{control, events, idle, machine, net, plot, round, store};
+pub use nightshift_daemon::{
+    control, events, http, idle, machine, metrics, net, plot, round, store,
+};

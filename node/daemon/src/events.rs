@@ -127,9 +127,10 @@ fn one() -> f32 {
     1.0
 }
 
-/// Appends events to a file (or nowhere).
+/// Appends events to a file (or nowhere), and feeds them to the node's metrics.
 pub struct EventSink {
     file: Option<Mutex<std::fs::File>>,
+    metrics: Option<std::sync::Arc<crate::metrics::NodeMetrics>>,
 }
 
 impl EventSink {
@@ -147,11 +148,26 @@ impl EventSink {
             )),
             None => None,
         };
-        Ok(EventSink { file })
+        Ok(EventSink {
+            file,
+            metrics: None,
+        })
+    }
+
+    /// Also updates `metrics` with every event.
+    pub fn with_metrics(
+        mut self,
+        metrics: Option<std::sync::Arc<crate::metrics::NodeMetrics>>,
+    ) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Writes one event line and flushes it. Failures are logged, never fatal.
     pub fn emit(&self, ev: &NodeEvent) {
+        if let Some(m) = &self.metrics {
+            m.observe(ev);
+        }
         let Some(f) = &self.file else { return };
         let Ok(mut v) = serde_json::to_value(ev) else {
             return;

@@ -12,6 +12,7 @@
 //!   monitor with hysteresis.
 //! - [`control`] — the loopback control endpoint behind `nightshift pause/resume/status`.
 //! - [`events`] — JSON-lines events for tools and tests.
+//! - [`metrics`] and [`http`] — Prometheus metrics, served over HTTP (`run --http`).
 //! - [`plot`] — small SVG line charts.
 //!
 //! The bootstrap node and swarm creation are in `nightshift-bootstrap`, the command line in
@@ -19,8 +20,10 @@
 
 pub mod control;
 pub mod events;
+pub mod http;
 pub mod idle;
 pub mod machine;
+pub mod metrics;
 pub mod net;
 pub mod plot;
 pub mod round;

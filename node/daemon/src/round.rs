@@ -90,6 +90,8 @@ pub struct TrainerOptions {
     /// Train the next round while the last one's contributions travel (see
     /// [`machine::Config::overlap`]).
     pub overlap: bool,
+    /// Prometheus metrics to keep up to date (`run --http`).
+    pub metrics: Option<Arc<crate::metrics::NodeMetrics>>,
 }
 
 /// Runs a trainer until it has done `rounds` or is shut down. Picks CUDA when built with the
@@ -331,11 +333,13 @@ impl<B: AutodiffBackend> Driver<B> {
                 admitted,
                 psk: opts.psk,
                 relay_server: false,
+                metrics: opts.metrics.as_ref().map(|m| m.libp2p()),
             },
             served,
         )?;
-        let sink =
-            EventSink::open(opts.events.as_deref()).context("cannot open the events file")?;
+        let sink = EventSink::open(opts.events.as_deref())
+            .context("cannot open the events file")?
+            .with_metrics(opts.metrics.clone());
         let stop = Arc::new(AtomicBool::new(false));
         {
             let stop = stop.clone();

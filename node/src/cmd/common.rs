@@ -136,6 +136,7 @@ pub(crate) async fn fetch_manifest(
             admitted: None,
             psk,
             relay_server: false,
+            metrics: None,
         },
         served,
     )?;

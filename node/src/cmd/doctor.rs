@@ -130,6 +130,7 @@ async fn probe(a: &DoctorArgs) -> anyhow::Result<Reachability> {
             admitted: manifest.manifest.admitted(),
             psk,
             relay_server: false,
+            metrics: None,
         },
         net::ServedHandle::new(Served::new(None)),
     )?;

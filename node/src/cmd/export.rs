@@ -220,7 +220,8 @@ fn reference_loss(
         return serde_json::Value::Null;
     };
     let loss = nightshift_model::eval::val_loss(&model, &batches);
-    let rows = |v: &Vec<i32>| -> Vec<Vec<i32>> { v.chunks(cfg.seq_len).map(<[i32]>::to_vec).collect() };
+    let rows =
+        |v: &Vec<i32>| -> Vec<Vec<i32>> { v.chunks(cfg.seq_len).map(<[i32]>::to_vec).collect() };
     serde_json::json!({
         "inputs": batches.iter().flat_map(|(x, _)| rows(x)).collect::<Vec<_>>(),
         "targets": batches.iter().flat_map(|(_, y)| rows(y)).collect::<Vec<_>>(),
@@ -252,7 +253,9 @@ pub fn run_sample(a: SampleArgs) -> anyhow::Result<()> {
         _ => (loaded.tok.vocab()[0] as char).to_string(),
     };
     let ids = loaded.tok.encode(prompt.as_bytes()).map_err(|e| {
-        anyhow::anyhow!("the prompt cannot be encoded: {e} (this model knows only the bytes of its corpus)")
+        anyhow::anyhow!(
+            "the prompt cannot be encoded: {e} (this model knows only the bytes of its corpus)"
+        )
     })?;
     let model = model_of(&loaded)?;
     let out = generate(

@@ -138,6 +138,7 @@ pub async fn run_peers(a: PeersArgs) -> anyhow::Result<()> {
             admitted: None,
             psk,
             relay_server: false,
+            metrics: None,
         },
         served,
     )?;

@@ -76,6 +76,11 @@ pub struct RunArgs {
     /// bottleneck.
     #[arg(long)]
     pub overlap: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (the node's rounds, and libp2p's
+    /// connection and protocol metrics), e.g. 127.0.0.1:9090; port 0 picks a free one, written
+    /// to <data-dir>/http.addr.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<std::net::SocketAddr>,
 }
 
 fn parse_shard(s: &str) -> Result<(usize, usize), String> {
@@ -143,6 +148,14 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), idle.changed()).await;
     let info = std::sync::Arc::new(std::sync::RwLock::new(serde_json::json!({})));
     crate::control::serve(a.control, &a.data_dir, manual, info.clone()).await?;
+    let metrics = match a.http {
+        Some(addr) => {
+            let m = std::sync::Arc::new(crate::metrics::NodeMetrics::new());
+            crate::http::serve(addr, &a.data_dir, m.clone()).await?;
+            Some(m)
+        }
+        None => None,
+    };
     run_trainer(TrainerOptions {
         data_dir: a.data_dir,
         listen: a.listen,
@@ -160,6 +173,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         threads: a.threads.map_or_else(super::demo::cores, |t| t as usize),
         psk,
         overlap: a.overlap,
+        metrics,
     })
     .await
 }

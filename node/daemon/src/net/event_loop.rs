@@ -249,6 +249,8 @@ pub struct NetConfig {
     /// Relay circuits for other nodes (bootstrap nodes do), within [`super::reach::relay_config`]'s
     /// limits.
     pub relay_server: bool,
+    /// libp2p's metrics to record the swarm's events into (`run --http`).
+    pub metrics: Option<libp2p::metrics::Metrics>,
 }
 
 /// A relay circuit carries at most this many of the largest frames, then closes (the peers
@@ -281,6 +283,7 @@ pub fn spawn_network(
         admitted,
         psk,
         relay_server,
+        metrics,
     } = cfg;
     let protocols = super::protocol_names(&swarm_id);
     let traffic = Arc::new(TrafficCounters::default());
@@ -351,6 +354,7 @@ pub fn spawn_network(
         queued_pushes: HashMap::new(),
         nat: nat::NatState::new(handle.reach.clone(), bootstrap_peers),
         bootstrap_dials: bootstrap,
+        metrics,
     };
     tokio::spawn(ev.run());
     Ok((handle, ev_rx))
@@ -364,6 +368,8 @@ struct WindowQuery {
 
 struct EventLoop {
     swarm: Swarm<Behaviour>,
+    /// libp2p's metrics, when the node serves them (`run --http`).
+    metrics: Option<libp2p::metrics::Metrics>,
     cmds: mpsc::Receiver<Command>,
     events: mpsc::Sender<NetEvent>,
     served: ServedHandle,
@@ -522,6 +528,9 @@ impl EventLoop {
     }
 
     fn on_swarm_event(&mut self, ev: SwarmEvent<BehaviourEvent>) {
+        if let Some(m) = &self.metrics {
+            record(m, &ev);
+        }
         match ev {
             SwarmEvent::NewListenAddr {
                 address,
@@ -623,6 +632,22 @@ impl EventLoop {
             SwarmEvent::Behaviour(BehaviourEvent::Relay(ev)) => self.nat.on_relay_server(ev),
             SwarmEvent::Behaviour(BehaviourEvent::Kad(ev)) => self.on_kad(ev),
             SwarmEvent::Behaviour(BehaviourEvent::Rr(ev)) => self.on_rr(ev),
+            _ => {}
+        }
+    }
+}
+
+/// Records a swarm event, and the protocol events libp2p's metrics know, into `m`.
+fn record(m: &libp2p::metrics::Metrics, ev: &SwarmEvent<BehaviourEvent>) {
+    use libp2p::metrics::Recorder;
+    m.record(ev);
+    if let SwarmEvent::Behaviour(b) = ev {
+        match b {
+            BehaviourEvent::Kad(e) => m.record(e),
+            BehaviourEvent::Identify(e) => m.record(e),
+            BehaviourEvent::Ping(e) => m.record(e),
+            BehaviourEvent::Dcutr(e) => m.record(e),
+            BehaviourEvent::Relay(e) => m.record(e),
             _ => {}
         }
     }

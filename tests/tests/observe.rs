@@ -1,0 +1,79 @@
+//! What a running node shows: Prometheus metrics over HTTP (`run --http`).
+
+use nightshift_tests::*;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+const EXIT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// GET `path` from `addr` (HTTP/1.1, one request per connection): the status line and the body.
+fn get(addr: &str, path: &str) -> Option<(String, String)> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.lines().next()?.to_string(), body.to_string()))
+}
+
+/// The value of an unlabelled sample `name` in Prometheus text.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn a_node_serves_prometheus_metrics_that_follow_its_rounds_and_its_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let swarm = TestSwarm::create(
+        dir.path(),
+        2,
+        &["--inner-steps", "15", "--warmup-steps", "5"],
+    );
+    let (_boot, addr) = swarm.bootstrap();
+    let mut n0 = swarm.node_with(0, &addr, 30, &["--idle", "always", "--http", "127.0.0.1:0"]);
+    let mut n1 = swarm.node(1, &addr, 30);
+    let file = dir.path().join("node0").join("http.addr");
+    assert!(
+        wait_until(Duration::from_secs(120), || file.exists()),
+        "node 0 never wrote http.addr"
+    );
+    let http = std::fs::read_to_string(&file).unwrap().trim().to_string();
+    let completed = |min: f64| {
+        let mut last = None;
+        let ok = wait_until(Duration::from_secs(120), || {
+            last = get(&http, "/metrics");
+            last.as_ref()
+                .and_then(|(_, b)| sample(b, "nightshift_rounds_completed_total"))
+                .is_some_and(|n| n >= min)
+        });
+        assert!(ok, "rounds completed never reached {min}: {last:?}");
+        last.unwrap()
+    };
+    let (status, first) = completed(1.0);
+    assert!(status.contains("200"), "{status}");
+    let (_, later) = completed(3.0);
+    let round = |t: &str| sample(t, "nightshift_round").unwrap();
+    assert!(round(&later) > round(&first), "{first}\n---\n{later}");
+    let loss = sample(&later, "nightshift_val_loss").unwrap();
+    assert!(loss.is_finite() && loss > 0.0, "val loss {loss}");
+    assert!(sample(&later, "nightshift_round_bytes_sent_total").unwrap() > 0.0);
+    assert_eq!(sample(&later, "nightshift_round_contributors"), Some(2.0));
+    // libp2p's own: the connections this node made to the bootstrap and its peer.
+    let established = later
+        .lines()
+        .filter(|l| l.starts_with("libp2p_swarm_connections_established_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    assert!(established >= 2.0, "{later}");
+    assert!(later.contains("libp2p_kad_"), "no Kademlia metrics");
+    // Anything else is not found.
+    let (status, _) = get(&http, "/nothing").unwrap();
+    assert!(status.contains("404"), "{status}");
+    assert_all_finish(&mut [&mut n0, &mut n1], EXIT_TIMEOUT);
+}
