@@ -77,3 +77,110 @@ fn a_node_serves_prometheus_metrics_that_follow_its_rounds_and_its_connections()
     assert!(status.contains("404"), "{status}");
     assert_all_finish(&mut [&mut n0, &mut n1], EXIT_TIMEOUT);
 }
+
+/// What the dashboard page, open in a headless Chromium, reported on its console so far.
+struct Browser {
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Browser {
+    fn open(url: &str) -> Browser {
+        let mut child = std::process::Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--enable-logging=stderr",
+                "--v=0",
+                url,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("chromium (Debian's `chromium` package) runs");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+        let err = child.stderr.take().unwrap();
+        let keep = lines.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                if let Some((_, msg)) = l.split_once("nightshift dashboard: ") {
+                    keep.lock().unwrap().push(msg.to_string());
+                }
+            }
+        });
+        Browser { child, lines }
+    }
+
+    /// The rounds the page said it added to its table, in order.
+    fn rounds(&self) -> Vec<(u64, usize)> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("round ")?;
+                let (round, rest) = rest.split_once(" shown; ")?;
+                let rows = rest.split_once(" rounds in the table")?.0;
+                Some((round.parse().ok()?, rows.parse().ok()?))
+            })
+            .collect()
+    }
+
+    fn said(&self, what: &str) -> bool {
+        self.lines.lock().unwrap().iter().any(|l| l.contains(what))
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_dashboard_shows_new_rounds_as_they_complete_in_a_real_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let swarm = TestSwarm::create(
+        dir.path(),
+        2,
+        &["--inner-steps", "15", "--warmup-steps", "5"],
+    );
+    let (_boot, addr) = swarm.bootstrap();
+    let mut n0 = swarm.node_with(0, &addr, 40, &["--idle", "always", "--http", "127.0.0.1:0"]);
+    let mut n1 = swarm.node(1, &addr, 40);
+    let file = dir.path().join("node0").join("http.addr");
+    assert!(
+        wait_until(Duration::from_secs(120), || swarm.round_of(0) >= 2),
+        "the swarm did not start"
+    );
+    let url = format!("http://{}/", std::fs::read_to_string(&file).unwrap().trim());
+    let at_open = swarm.round_of(0);
+    let page = Browser::open(&url);
+    // Rounds completed after the page opened appear in it, one more row each.
+    let live = wait_until(Duration::from_secs(120), || {
+        page.rounds().iter().any(|(r, _)| *r >= at_open + 3)
+    });
+    let shown = page.rounds();
+    assert!(live, "opened at round {at_open}, the page showed {shown:?}");
+    let (first, last) = (shown[0], shown[shown.len() - 1]);
+    assert!(last.1 > first.1, "the table did not grow: {shown:?}");
+    // The peers table lists the other trainer.
+    let peer = short_key_of(&dir.path().join("node1.key.json"));
+    assert!(
+        wait_until(Duration::from_secs(30), || page.said(&peer)),
+        "peer {peer} never listed"
+    );
+    drop(page);
+    n0.kill9();
+    n1.kill9();
+}
+/// First 6 bytes (hex) of the public key in a key file.
+fn short_key_of(path: &std::path::Path) -> String {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["public"].as_str().unwrap()[..12].to_string()
+}

@@ -127,10 +127,48 @@ fn one() -> f32 {
     1.0
 }
 
-/// Appends events to a file (or nowhere), and feeds them to the node's metrics.
+/// Appends events to a file (or nowhere), and feeds them to the node's metrics and dashboard.
 pub struct EventSink {
     file: Option<Mutex<std::fs::File>>,
     metrics: Option<std::sync::Arc<crate::metrics::NodeMetrics>>,
+    feed: Option<std::sync::Arc<EventFeed>>,
+}
+
+/// The node's events as JSON lines for live readers (the dashboard's server-sent events): the
+/// last [`EventFeed::KEEP`] for a reader that arrives late, then each new one.
+pub struct EventFeed {
+    history: Mutex<std::collections::VecDeque<String>>,
+    tx: tokio::sync::broadcast::Sender<String>,
+}
+
+impl Default for EventFeed {
+    fn default() -> Self {
+        EventFeed {
+            history: Mutex::new(std::collections::VecDeque::new()),
+            tx: tokio::sync::broadcast::channel(256).0,
+        }
+    }
+}
+
+impl EventFeed {
+    /// Events kept for readers that arrive late.
+    pub const KEEP: usize = 4096;
+
+    fn push(&self, line: String) {
+        let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        if h.len() == Self::KEEP {
+            h.pop_front();
+        }
+        h.push_back(line.clone());
+        // Sent under the lock, so a reader subscribing meanwhile misses or repeats nothing.
+        let _ = self.tx.send(line);
+    }
+
+    /// The events so far, and a receiver of the ones to come.
+    pub fn subscribe(&self) -> (Vec<String>, tokio::sync::broadcast::Receiver<String>) {
+        let h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        (h.iter().cloned().collect(), self.tx.subscribe())
+    }
 }
 
 impl EventSink {
@@ -151,7 +189,14 @@ impl EventSink {
         Ok(EventSink {
             file,
             metrics: None,
+            feed: None,
         })
+    }
+
+    /// Also sends every event to `feed`.
+    pub fn with_feed(mut self, feed: Option<std::sync::Arc<EventFeed>>) -> Self {
+        self.feed = feed;
+        self
     }
 
     /// Also updates `metrics` with every event.
@@ -168,7 +213,9 @@ impl EventSink {
         if let Some(m) = &self.metrics {
             m.observe(ev);
         }
-        let Some(f) = &self.file else { return };
+        if self.file.is_none() && self.feed.is_none() {
+            return;
+        }
         let Ok(mut v) = serde_json::to_value(ev) else {
             return;
         };
@@ -176,6 +223,10 @@ impl EventSink {
         // `bench churn`; readers of `NodeEvent` ignore it.
         v["at_ms"] = serde_json::json!(unix_ms());
         let line = v.to_string();
+        if let Some(feed) = &self.feed {
+            feed.push(line.clone());
+        }
+        let Some(f) = &self.file else { return };
         if let Ok(mut f) = f.lock()
             && let Err(e) = writeln!(f, "{line}").and_then(|_| f.flush())
         {

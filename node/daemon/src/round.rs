@@ -92,6 +92,8 @@ pub struct TrainerOptions {
     pub overlap: bool,
     /// Prometheus metrics to keep up to date (`run --http`).
     pub metrics: Option<Arc<crate::metrics::NodeMetrics>>,
+    /// Where the dashboard reads the node's events (`run --http`).
+    pub feed: Option<Arc<crate::events::EventFeed>>,
 }
 
 /// Runs a trainer until it has done `rounds` or is shut down. Picks CUDA when built with the
@@ -339,7 +341,8 @@ impl<B: AutodiffBackend> Driver<B> {
         )?;
         let sink = EventSink::open(opts.events.as_deref())
             .context("cannot open the events file")?
-            .with_metrics(opts.metrics.clone());
+            .with_metrics(opts.metrics.clone())
+            .with_feed(opts.feed.clone());
         let stop = Arc::new(AtomicBool::new(false));
         {
             let stop = stop.clone();

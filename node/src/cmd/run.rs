@@ -76,9 +76,10 @@ pub struct RunArgs {
     /// bottleneck.
     #[arg(long)]
     pub overlap: bool,
-    /// Serve Prometheus metrics at http://ADDR/metrics (the node's rounds, and libp2p's
-    /// connection and protocol metrics), e.g. 127.0.0.1:9090; port 0 picks a free one, written
-    /// to <data-dir>/http.addr.
+    /// Serve a live dashboard at http://ADDR/ (loss curve, rounds, peers, yields and refusals)
+    /// and Prometheus metrics at http://ADDR/metrics (the node's rounds, and libp2p's
+    /// connection and protocol metrics), e.g. 127.0.0.1:8080; port 0 picks a free one, written
+    /// to <data-dir>/http.addr. Use a loopback address unless others should see it.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<std::net::SocketAddr>,
 }
@@ -148,11 +149,15 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), idle.changed()).await;
     let info = std::sync::Arc::new(std::sync::RwLock::new(serde_json::json!({})));
     crate::control::serve(a.control, &a.data_dir, manual, info.clone()).await?;
-    let metrics = match a.http {
+    let observed = match a.http {
         Some(addr) => {
-            let m = std::sync::Arc::new(crate::metrics::NodeMetrics::new());
-            crate::http::serve(addr, &a.data_dir, m.clone()).await?;
-            Some(m)
+            let o = crate::http::Observed {
+                metrics: std::sync::Arc::new(crate::metrics::NodeMetrics::new()),
+                feed: std::sync::Arc::default(),
+                info: info.clone(),
+            };
+            crate::http::serve(addr, &a.data_dir, o.clone()).await?;
+            Some(o)
         }
         None => None,
     };
@@ -173,7 +178,8 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         threads: a.threads.map_or_else(super::demo::cores, |t| t as usize),
         psk,
         overlap: a.overlap,
-        metrics,
+        metrics: observed.as_ref().map(|o| o.metrics.clone()),
+        feed: observed.map(|o| o.feed),
     })
     .await
 }

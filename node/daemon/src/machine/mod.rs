@@ -294,6 +294,15 @@ impl RoundMachine {
         self.trainer_peers().map(|(k, _)| *k).collect()
     }
 
+    /// Every peer heard from, as this node sees it: key, connected, last status, tokens/s (for
+    /// the dashboard).
+    pub fn peer_view(&self) -> Vec<(Key, bool, Option<&Status>, Option<f64>)> {
+        self.peers
+            .iter()
+            .map(|(k, p)| (*k, p.connected, p.status.as_ref(), p.tokens_per_sec))
+            .collect()
+    }
+
     pub fn is_done(&self) -> bool {
         matches!(self.stage, Stage::Done)
     }

@@ -198,6 +198,7 @@ impl<B: AutodiffBackend> Driver<B> {
         }
         info!(round = rec.round, val_loss = rec.val_loss, contributors = rec.contributors, hash = %&rec.state_hash[..16], secs = rec.round_secs, "round completed");
         self.sink.emit(&NodeEvent::RoundCompleted(rec));
+        self.update_control_info(None);
     }
 
     /// Waits for the records still being evaluated (the node is leaving).

@@ -195,6 +195,21 @@ impl<B: AutodiffBackend> Driver<B> {
             if let Ok(r) = self.io.net.reach.read() {
                 obj["network"] = serde_json::to_value(&*r).unwrap_or_default();
             }
+            obj["peers"] = self
+                .m
+                .peer_view()
+                .into_iter()
+                .map(|(k, connected, s, speed)| {
+                    serde_json::json!({
+                        "key": hex::encode(&k[..6]),
+                        "connected": connected,
+                        "role": s.map(|s| format!("{:?}", s.role).to_lowercase()),
+                        "phase": s.map(|s| format!("{:?}", s.phase).to_lowercase()),
+                        "round": s.map(|s| s.round),
+                        "tokens_per_sec": speed,
+                    })
+                })
+                .collect();
             if let Some(w) = window {
                 obj["window"] = serde_json::to_value(w).unwrap_or_default();
             } else if let Some(old) = v.get("window") {
