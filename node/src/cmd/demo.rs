@@ -50,6 +50,10 @@ pub struct DemoArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 1800)]
     pub timeout_secs: u64,
+    /// Serve node 0's live dashboard (and its Prometheus metrics at /metrics) on this address,
+    /// e.g. 127.0.0.1:8080.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub swarm: SwarmFlags,
 }
@@ -415,6 +419,10 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
         if let Some(d) = &args.swarm.data {
             a.extend(["--data".into(), s(d)]);
         }
+        if let (0, Some(addr)) = (i, args.http) {
+            let _ = std::fs::remove_file(crate::http::http_file(&dir.join("node0")));
+            a.extend(["--http".into(), addr.to_string()]);
+        }
         children.push(spawn(&a, &dir.join(format!("node{i}.log")))?);
         event_files.push(ev);
     }
@@ -426,6 +434,23 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     );
     pb.enable_steady_tick(Duration::from_millis(200));
     pb.set_message("waiting for the nodes to find each other");
+    if args.http.is_some() {
+        let file = crate::http::http_file(&dir.join("node0"));
+        let start = std::time::Instant::now();
+        while !file.exists() && start.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        match std::fs::read_to_string(&file) {
+            Ok(a) => say(&pb, format!("dashboard: http://{}/", a.trim())),
+            Err(_) => say(
+                &pb,
+                format!(
+                    "node 0 did not start its dashboard; see {}",
+                    dir.join("node0.log").display()
+                ),
+            ),
+        }
+    }
     say(
         &pb,
         format!(
