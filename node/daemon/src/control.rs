@@ -45,11 +45,7 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot bind the control endpoint to {addr}"))?;
     let bound = listener.local_addr()?;
-    let file = control_file(data_dir);
-    let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, format!("{bound}\n"))
-        .and_then(|_| std::fs::rename(&tmp, &file))
-        .with_context(|| format!("cannot write {}", file.display()))?;
+    write_address(&control_file(data_dir), bound)?;
     info!(address = %bound, "control endpoint listening (nightshift pause/resume/status)");
     tokio::spawn(async move {
         loop {
@@ -66,6 +62,14 @@ pub async fn serve(
         }
     });
     Ok(bound)
+}
+
+/// Writes `bound` to `file` atomically (a reader sees the old content or the new, never half).
+pub(crate) fn write_address(file: &Path, bound: SocketAddr) -> anyhow::Result<()> {
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, format!("{bound}\n"))
+        .and_then(|_| std::fs::rename(&tmp, file))
+        .with_context(|| format!("cannot write {}", file.display()))
 }
 
 fn answer(line: &str, manual: &AtomicBool, info: &RwLock<Value>) -> Value {

@@ -58,11 +58,7 @@ pub async fn serve(
     if !bound.ip().is_loopback() {
         warn!(address = %bound, "the dashboard and metrics are reachable from other machines");
     }
-    let file = http_file(data_dir);
-    let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, format!("{bound}\n"))
-        .and_then(|_| std::fs::rename(&tmp, &file))
-        .with_context(|| format!("cannot write {}", file.display()))?;
+    crate::control::write_address(&http_file(data_dir), bound)?;
     let app = Router::new()
         .route("/", get(|| async { Html(PAGE) }))
         .route("/events", get(events))
