@@ -15,6 +15,11 @@ check:
     cargo test --workspace
     cargo check -p nightshift-node --features cuda
 
+# On a machine with an NVIDIA GPU: a two-node swarm on the GPU at the medium preset; prints
+# tokens/s per node and model FLOPs utilisation (writes gpu-check.json).
+gpu-check:
+    bash scripts/gpu_check.sh
+
 # Benchmarks recorded in BENCHMARKS.md.
 bench:
     bash scripts/bench.sh

@@ -280,12 +280,29 @@ pub fn config_from_gpt2(v: &serde_json::Value) -> Result<GptConfig, String> {
             "config.json: vocab_size {vocab}: nightshift's models have at most 256 tokens"
         ));
     }
-    Ok(GptConfig::new(vocab)
+    let cfg = GptConfig::new(vocab)
         .with_d_model(field("n_embd")?)
         .with_n_layers(field("n_layer")?)
         .with_n_heads(field("n_head")?)
         .with_d_ff(field("n_inner")?)
-        .with_seq_len(field("n_positions")?))
+        .with_seq_len(field("n_positions")?);
+    if cfg.d_model % cfg.n_heads != 0 {
+        return Err(format!(
+            "config.json: n_embd {} is not a multiple of n_head {}",
+            cfg.d_model, cfg.n_heads
+        ));
+    }
+    // Checked before anything is allocated: a model this size would not fit in memory.
+    let (d, f) = (cfg.d_model as u128, cfg.d_ff as u128);
+    let per_layer = 4 * d + 4 * d * d + 4 * d + 2 * d * f + f + d;
+    let params =
+        (2 * vocab as u128 + cfg.seq_len as u128) * d + 2 * d + cfg.n_layers as u128 * per_layer;
+    if params > 1 << 33 {
+        return Err(format!(
+            "config.json describes {params} parameters; at most 2^33 are read"
+        ));
+    }
+    Ok(cfg)
 }
 
 /// The printable character GPT-2's byte-level encoding writes for each byte.
@@ -382,6 +399,20 @@ mod tests {
         assert_eq!(back, params);
         let cfg2 = config_from_gpt2(&gpt2_config(&cfg)).unwrap();
         assert_eq!(cfg2, cfg);
+    }
+
+    #[test]
+    fn a_config_json_too_large_or_inconsistent_is_refused_before_allocating() {
+        let mut v = gpt2_config(&GptConfig::preset("tiny", 40).unwrap());
+        v["n_layer"] = serde_json::json!(1 << 20);
+        v["n_embd"] = serde_json::json!(1 << 16);
+        v["n_head"] = serde_json::json!(1);
+        assert!(config_from_gpt2(&v).unwrap_err().contains("parameters"));
+        let mut v = gpt2_config(&GptConfig::preset("tiny", 40).unwrap());
+        v["n_head"] = serde_json::json!(3);
+        assert!(config_from_gpt2(&v).unwrap_err().contains("multiple"));
+        v["vocab_size"] = serde_json::json!(300);
+        assert!(config_from_gpt2(&v).is_err());
     }
 
     #[test]
