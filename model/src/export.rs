@@ -286,7 +286,7 @@ pub fn config_from_gpt2(v: &serde_json::Value) -> Result<GptConfig, String> {
         .with_n_heads(field("n_head")?)
         .with_d_ff(field("n_inner")?)
         .with_seq_len(field("n_positions")?);
-    if cfg.d_model % cfg.n_heads != 0 {
+    if !cfg.d_model.is_multiple_of(cfg.n_heads) {
         return Err(format!(
             "config.json: n_embd {} is not a multiple of n_head {}",
             cfg.d_model, cfg.n_heads
