@@ -181,31 +181,59 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
         p.behaviour_mut().kad.add_address(&n0, a);
     }
     let _ = p.dial(n0); // usually connected already by the FIND_NODE query
-    // Pause both trainers (their owners want the machines), so that the round they hold stays
-    // the round the bad contributions are bound to until they are resumed.
-    for i in 0..2 {
-        nightshift_tests::run_ok(&[
-            "pause",
-            "--data-dir",
-            swarm.dir.join(format!("node{i}")).to_str().unwrap(),
-        ]);
+    let (n1, n1_addrs) = addrs
+        .iter()
+        .find(|(id, _)| *id == started[1].0)
+        .cloned()
+        .unwrap();
+    for a in n1_addrs {
+        p.behaviour_mut().kad.add_address(&n1, a);
     }
-    assert!(
-        wait_until(Duration::from_secs(120), || (0..2).all(|i| swarm
-            .events(i)
-            .iter()
-            .any(|e| matches!(e, NodeEvent::Paused { .. })))),
-        "the trainers did not pause"
-    );
-    let status = match request(&mut p, n0, Request::GetStatus).await {
-        Response::Status(env) => open_status(
-            &env,
-            &manifest.swarm_id(),
-            None,
-            nightshift_node::net::unix_ms(),
-        )
-        .unwrap(),
-        other => panic!("unexpected status answer {other:?}"),
+    // Pause both trainers (their owners want the machines), so that the round they hold stays
+    // the round the bad contributions are bound to until they are resumed. Both must hold the
+    // same state: one paused a round behind would, once resumed, catch up by syncing and find
+    // the forgeries bound to a round it skipped.
+    let control = |cmd: &str| {
+        for i in 0..2 {
+            nightshift_tests::run_ok(&[
+                cmd,
+                "--data-dir",
+                swarm.dir.join(format!("node{i}")).to_str().unwrap(),
+            ]);
+        }
+    };
+    let mut attempt = 0;
+    let status = loop {
+        attempt += 1;
+        control("pause");
+        assert!(
+            wait_until(Duration::from_secs(120), || (0..2).all(|i| swarm
+                .events(i)
+                .iter()
+                .filter(|e| matches!(e, NodeEvent::Paused { .. }))
+                .count()
+                >= attempt)),
+            "the trainers did not pause"
+        );
+        let mut held = vec![];
+        for n in [n0, n1] {
+            held.push(match request(&mut p, n, Request::GetStatus).await {
+                Response::Status(env) => open_status(
+                    &env,
+                    &manifest.swarm_id(),
+                    None,
+                    nightshift_node::net::unix_ms(),
+                )
+                .unwrap(),
+                other => panic!("unexpected status answer {other:?}"),
+            });
+        }
+        if (held[0].round, held[0].state_hash) == (held[1].round, held[1].state_hash) {
+            break held.swap_remove(0);
+        }
+        assert!(attempt < 5, "the trainers never paused on one state");
+        control("resume");
+        tokio::time::sleep(Duration::from_secs(2)).await;
     };
     assert!(status.round < rounds - 1, "the swarm finished too early");
     let member = nightshift_bootstrap_key(&swarm, 1);
@@ -256,13 +284,7 @@ async fn a_standard_libp2p_peer_can_identify_ping_and_find_nodes_and_forgeries_a
         }
     }
     println!("pushes refused while the queue was full: {queue_full}");
-    for i in 0..2 {
-        nightshift_tests::run_ok(&[
-            "resume",
-            "--data-dir",
-            swarm.dir.join(format!("node{i}")).to_str().unwrap(),
-        ]);
-    }
+    control("resume");
 
     for n in &mut nodes {
         assert_eq!(
