@@ -31,6 +31,34 @@ pub fn cuda_available() -> bool {
         })
 }
 
+/// Runs a small matrix product on the GPU through burn-cuda and checks its result: whether
+/// training on CUDA can work here. Call only when [`cuda_available`] holds (burn-cuda panics on
+/// a worker thread without a driver); a panic inside is caught and reported.
+///
+/// # Errors
+/// What went wrong, for people.
+#[cfg(feature = "cuda")]
+pub fn cuda_smoke_test() -> Result<(), String> {
+    use burn::tensor::Tensor;
+    let run = || {
+        let device = Default::default();
+        let a = Tensor::<Cuda, 2>::ones([64, 64], &device);
+        a.clone().matmul(a).sum().into_data().to_vec::<f32>()
+    };
+    match std::panic::catch_unwind(run) {
+        Ok(Ok(v)) if v.first() == Some(&(64.0 * 64.0 * 64.0)) => Ok(()),
+        Ok(Ok(v)) => Err(format!(
+            "a 64×64 matrix product on the GPU gave {v:?}, not 262144"
+        )),
+        Ok(Err(e)) => Err(format!("the GPU's result could not be read: {e:?}")),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "burn-cuda panicked".into())),
+    }
+}
+
 /// The CPU device.
 pub fn cpu_device() -> burn::backend::flex::FlexDevice {
     burn::backend::flex::FlexDevice

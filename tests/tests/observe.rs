@@ -75,7 +75,105 @@ fn a_node_serves_prometheus_metrics_that_follow_its_rounds_and_its_connections()
     // Anything else is not found.
     let (status, _) = get(&http, "/nothing").unwrap();
     assert!(status.contains("404"), "{status}");
+    // The doctor asks the running node: its round, its reachability, the peers' clocks.
+    let doc = doctor(&[
+        "--data-dir",
+        &dir.path().join("node0").display().to_string(),
+    ]);
+    let said = |section: &str, level: &str, what: &str| {
+        checks(&doc).iter().any(|c| {
+            c["section"] == section
+                && c["level"] == level
+                && c["what"].as_str().unwrap().contains(what)
+        })
+    };
+    assert!(said("data", "ok", "a node runs in"), "{doc:#}");
+    assert!(said("network", "ok", "reachable"), "{doc:#}");
+    assert!(said("clock", "ok", "peers' clocks are"), "{doc:#}");
     assert_all_finish(&mut [&mut n0, &mut n1], EXIT_TIMEOUT);
+}
+
+/// `nightshift doctor --json ARGS`, which must succeed.
+fn doctor(args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(nightshift_bin())
+        .arg("doctor")
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("run nightshift doctor");
+    assert!(
+        out.status.success(),
+        "doctor failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("doctor prints JSON")
+}
+
+fn checks(doc: &serde_json::Value) -> Vec<serde_json::Value> {
+    doc["checks"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn the_doctor_says_plainly_what_this_machine_lacks_and_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port another program holds, and a data directory that does not exist yet.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let doc = doctor(&[
+        "--data-dir",
+        &dir.path().join("fresh").display().to_string(),
+        "--listen",
+        &format!("/ip4/127.0.0.1/tcp/{port}"),
+        "--idle",
+        "always",
+    ]);
+    let find = |section: &str| -> Vec<serde_json::Value> {
+        checks(&doc)
+            .into_iter()
+            .filter(|c| c["section"] == section)
+            .collect()
+    };
+    let device: Vec<String> = find("device")
+        .iter()
+        .map(|c| c["what"].as_str().unwrap().to_string())
+        .collect();
+    if !std::path::Path::new("/dev/nvidia0").exists() {
+        // This machine has no GPU: said as such, and the node trains on the CPU.
+        assert!(
+            device.iter().any(|d| d.contains("no NVIDIA GPU")),
+            "{device:?}"
+        );
+        assert!(
+            device.iter().any(|d| d.contains("trains on the CPU")),
+            "{device:?}"
+        );
+    }
+    let port_check = &find("port")[0];
+    assert_eq!(port_check["level"], "fail", "{doc:#}");
+    assert!(
+        port_check["todo"].as_str().unwrap().contains("--listen"),
+        "{doc:#}"
+    );
+    assert_eq!(find("idle")[0]["level"], "ok", "{doc:#}");
+    assert!(
+        find("data")[0]["todo"]
+            .as_str()
+            .unwrap()
+            .contains("creates it"),
+        "{doc:#}"
+    );
+    assert_eq!(doc["worst"], "fail");
+    drop(held);
+    // Once the port is free again, nothing keeps the node from training.
+    let doc = doctor(&[
+        "--data-dir",
+        &dir.path().join("fresh").display().to_string(),
+        "--listen",
+        &format!("/ip4/127.0.0.1/tcp/{port}"),
+        "--idle",
+        "always",
+    ]);
+    assert_ne!(doc["worst"], "fail", "{doc:#}");
 }
 
 /// What the dashboard page, open in a headless Chromium, reported on its console so far.

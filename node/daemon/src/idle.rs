@@ -275,6 +275,7 @@ mod scripted;
 
 use cpu::*;
 use nvml::*;
+pub use nvml::{GpuInfo, gpu_inventory};
 use schedule::*;
 pub use scripted::Manual;
 use scripted::*;

@@ -120,3 +120,47 @@ impl IdleSource for NvmlSource {
         }
     }
 }
+
+/// One NVIDIA GPU as NVML sees it (for `nightshift doctor`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub name: String,
+    pub memory_total_bytes: u64,
+    pub memory_used_bytes: u64,
+    /// GPU utilization in percent, where NVML reports it.
+    pub utilization_percent: Option<u32>,
+    /// Compute and graphics processes running on it.
+    pub processes: usize,
+    pub driver_version: Option<String>,
+}
+
+/// The NVIDIA GPUs of this machine through NVML (`libnvidia-ml.so.1`, loaded at run time).
+///
+/// # Errors
+/// When no NVIDIA driver can be loaded, or NVML cannot list the GPUs; the message says which.
+pub fn gpu_inventory() -> anyhow::Result<Vec<GpuInfo>> {
+    let nvml = nvml_wrapper::Nvml::init()
+        .map_err(|e| anyhow::anyhow!("NVML could not be loaded ({e})"))?;
+    let driver_version = nvml.sys_driver_version().ok();
+    let count = nvml.device_count().context("NVML cannot count the GPUs")?;
+    (0..count)
+        .map(|index| {
+            let d = nvml
+                .device_by_index(index)
+                .with_context(|| format!("NVML cannot open GPU {index}"))?;
+            let memory = d.memory_info().ok();
+            let processes = d.running_compute_processes().map_or(0, |p| p.len())
+                + d.running_graphics_processes().map_or(0, |p| p.len());
+            Ok(GpuInfo {
+                index,
+                name: d.name().unwrap_or_else(|_| "unknown".into()),
+                memory_total_bytes: memory.as_ref().map_or(0, |m| m.total),
+                memory_used_bytes: memory.as_ref().map_or(0, |m| m.used),
+                utilization_percent: d.utilization_rates().ok().map(|u| u.gpu),
+                processes,
+                driver_version: driver_version.clone(),
+            })
+        })
+        .collect()
+}

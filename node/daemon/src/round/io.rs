@@ -6,7 +6,7 @@
 use ed25519_dalek::SigningKey;
 use libp2p::PeerId;
 use nightshift_protocol::{Hash32, Request, Response, SignedEnvelope, sign_status};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -36,7 +36,13 @@ pub struct NetIo {
     /// The last push to our peers, and when it began: how long it took is the round's
     /// transfer time.
     pub push: Option<(Instant, JoinHandle<Duration>)>,
+    /// Per connected peer, the last few `stamp − our clock at arrival` of the statuses it
+    /// pushed: see [`NetIo::clock_offset_ms`].
+    clock: HashMap<Key, VecDeque<i64>>,
 }
+
+/// How many announced statuses per peer the clock offset is estimated from.
+const CLOCK_SAMPLES: usize = 16;
 
 impl NetIo {
     /// The network side of a node; answers to its requests are sent to `answers`.
@@ -60,6 +66,7 @@ impl NetIo {
             served_status: None,
             last_stamp: 0,
             push: None,
+            clock: HashMap::new(),
         }
     }
 
@@ -81,6 +88,11 @@ impl NetIo {
                 };
                 // A peer can only announce over a connection: one we were not told of yet is
                 // connected now.
+                let samples = self.clock.entry(from).or_default();
+                if samples.len() == CLOCK_SAMPLES {
+                    samples.pop_front();
+                }
+                samples.push_back(status.unix_ms as i64 - net::unix_ms() as i64);
                 let mut out = vec![];
                 if self.connected.insert(from) {
                     out.push(Input::Connected(from));
@@ -95,11 +107,19 @@ impl NetIo {
             NetEvent::PeerDisconnected(peer) => match key(&peer) {
                 Some(k) => {
                     self.connected.remove(&k);
+                    self.clock.remove(&k);
                     vec![Input::Disconnected(k)]
                 }
                 None => vec![],
             },
         }
+    }
+
+    /// How far `peer`'s clock is ahead of ours (negative: behind), in milliseconds, from the
+    /// statuses it pushed: a status is signed when it is sent, so `stamp − arrival` is the
+    /// offset less the transfer time, and the largest of the last few is the closest.
+    pub fn clock_offset_ms(&self, peer: &Key) -> Option<i64> {
+        self.clock.get(peer)?.iter().max().copied()
     }
 
     /// Where answers to requests go (for the driver's own look-ups).

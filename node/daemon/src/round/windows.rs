@@ -207,6 +207,7 @@ impl<B: AutodiffBackend> Driver<B> {
                         "phase": s.map(|s| format!("{:?}", s.phase).to_lowercase()),
                         "round": s.map(|s| s.round),
                         "tokens_per_sec": speed,
+                        "clock_offset_ms": self.io.clock_offset_ms(&k),
                     })
                 })
                 .collect();
