@@ -213,8 +213,6 @@ async fn run_one(
             "always",
             "--threads",
             "1",
-            "--shard",
-            &format!("{i}/{n}"),
         ]
         .map(String::from)
         .to_vec();

@@ -1,9 +1,10 @@
-//! Corpus, character tokenizer, train/validation split, per-node shards and batches.
-//!
-//! Tokens are bytes of the corpus mapped onto a dense vocabulary (the distinct bytes, sorted), so
-//! any UTF-8 file works and the Shakespeare corpus needs 84 symbols.
+//! A tokenized corpus in memory: train/validation split, shards of the training part and
+//! batches. The byte tokenizer maps the corpus's bytes onto a dense vocabulary (the distinct
+//! bytes, sorted), so any UTF-8 file works and the Shakespeare corpus needs 84 symbols.
 
 use rand::Rng;
+
+pub use crate::tokenizer::Tokenizer;
 use std::ops::Range;
 use thiserror::Error;
 
@@ -25,91 +26,14 @@ pub enum DataError {
     TooSmall { tokens: usize, needed: usize },
     #[error("the vocabulary is empty or holds a byte twice")]
     BadVocabulary,
-}
-
-/// Maps bytes to token ids and back.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Tokenizer {
-    vocab: Vec<u8>,
-    index: [Option<u8>; 256],
-}
-
-impl Tokenizer {
-    /// The distinct bytes of `text`, sorted.
-    pub fn from_corpus(text: &[u8]) -> Self {
-        let mut seen = [false; 256];
-        text.iter().for_each(|b| seen[*b as usize] = true);
-        let mut vocab: Vec<u8> = (0..=255u8).filter(|b| seen[*b as usize]).collect();
-        if vocab.is_empty() {
-            vocab.push(b'\n');
-        }
-        let mut index = [None; 256];
-        vocab
-            .iter()
-            .enumerate()
-            .for_each(|(i, b)| index[*b as usize] = Some(i as u8));
-        Tokenizer { vocab, index }
-    }
-
-    /// A tokenizer over the given symbols, in token order.
-    ///
-    /// # Errors
-    /// When the vocabulary is empty or repeats a byte.
-    pub fn from_vocab(vocab: Vec<u8>) -> Result<Self, DataError> {
-        let mut index = [None; 256];
-        if vocab.is_empty() || vocab.len() > 256 {
-            return Err(DataError::BadVocabulary);
-        }
-        for (i, b) in vocab.iter().enumerate() {
-            if index[*b as usize].replace(i as u8).is_some() {
-                return Err(DataError::BadVocabulary);
-            }
-        }
-        Ok(Tokenizer { vocab, index })
-    }
-
-    /// The symbols in token order.
-    pub fn vocab(&self) -> &[u8] {
-        &self.vocab
-    }
-
-    /// Number of symbols.
-    pub fn len(&self) -> usize {
-        self.vocab.len()
-    }
-
-    /// Never true for a constructed tokenizer.
-    pub fn is_empty(&self) -> bool {
-        self.vocab.is_empty()
-    }
-
-    /// Token ids of `text`.
-    ///
-    /// # Errors
-    /// On a byte outside the vocabulary.
-    pub fn encode(&self, text: &[u8]) -> Result<Vec<u8>, DataError> {
-        text.iter()
-            .enumerate()
-            .map(|(offset, b)| {
-                self.index[*b as usize].ok_or(DataError::OutOfVocabulary { byte: *b, offset })
-            })
-            .collect()
-    }
-
-    /// Text of token ids (unknown ids become '?').
-    pub fn decode(&self, tokens: &[u8]) -> String {
-        let bytes: Vec<u8> = tokens
-            .iter()
-            .map(|t| self.vocab.get(*t as usize).copied().unwrap_or(b'?'))
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
 }
 
 /// A tokenized corpus split into a training part and a held-out validation tail.
 #[derive(Clone, Debug)]
 pub struct Corpus {
-    tokens: Vec<u8>,
+    tokens: Vec<u32>,
     split: usize,
 }
 
@@ -145,6 +69,27 @@ impl Corpus {
             });
         }
         Ok(Corpus { tokens, split })
+    }
+
+    /// A corpus of already tokenized training and validation parts (either may be empty; the
+    /// methods that read a part need it to hold more than one window).
+    pub fn from_parts(mut train: Vec<u32>, val: Vec<u32>) -> Self {
+        let split = train.len();
+        train.extend(val);
+        Corpus {
+            tokens: train,
+            split,
+        }
+    }
+
+    /// The training tokens.
+    pub fn train_tokens(&self) -> &[u32] {
+        &self.tokens[..self.split]
+    }
+
+    /// The validation tokens.
+    pub fn val_tokens(&self) -> &[u32] {
+        &self.tokens[self.split..]
     }
 
     /// Number of training tokens.

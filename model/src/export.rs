@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use crate::backend::{Cpu, cpu_device};
-use crate::{GptConfig, Tokenizer, flat};
+use crate::{GptConfig, flat};
 
 /// Why an export could not be written or read back.
 #[derive(Debug, thiserror::Error)]
@@ -275,11 +275,6 @@ pub fn config_from_gpt2(v: &serde_json::Value) -> Result<GptConfig, String> {
             .ok_or_else(|| format!("config.json: no valid \"{k}\""))
     };
     let vocab = field("vocab_size")?;
-    if vocab > 256 {
-        return Err(format!(
-            "config.json: vocab_size {vocab}: nightshift's models have at most 256 tokens"
-        ));
-    }
     let cfg = GptConfig::new(vocab)
         .with_d_model(field("n_embd")?)
         .with_n_layers(field("n_layer")?)
@@ -322,13 +317,13 @@ fn byte_chars() -> [char; 256] {
     out
 }
 
-/// A Hugging Face `tokenizer.json` that turns text into the ids [`Tokenizer::encode`] gives: a
-/// byte-level pre-tokenizer (each byte as one character, no splitting) and a BPE model without
-/// merges whose vocabulary is the swarm's bytes in token order.
-pub fn tokenizer_json(tok: &Tokenizer) -> serde_json::Value {
+/// A Hugging Face `tokenizer.json` that turns text into the ids the byte tokenizer over `vocab`
+/// ([`crate::Tokenizer::from_vocab`]) gives: a byte-level pre-tokenizer (each byte as one character, no
+/// splitting) and a BPE model without merges whose vocabulary is the swarm's bytes in token
+/// order. (A swarm with its own `tokenizer.json` exports that file as it is.)
+pub fn tokenizer_json(vocab: &[u8]) -> serde_json::Value {
     let chars = byte_chars();
-    let vocab: serde_json::Map<String, serde_json::Value> = tok
-        .vocab()
+    let vocab: serde_json::Map<String, serde_json::Value> = vocab
         .iter()
         .enumerate()
         .map(|(id, b)| (chars[*b as usize].to_string(), serde_json::json!(id)))
@@ -365,6 +360,7 @@ pub fn tokenizer_json(tok: &Tokenizer) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Tokenizer;
 
     #[test]
     fn every_parameter_has_a_gpt2_name_and_the_round_trip_is_exact() {
@@ -411,14 +407,14 @@ mod tests {
         let mut v = gpt2_config(&GptConfig::preset("tiny", 40).unwrap());
         v["n_head"] = serde_json::json!(3);
         assert!(config_from_gpt2(&v).unwrap_err().contains("multiple"));
-        v["vocab_size"] = serde_json::json!(300);
+        v["vocab_size"] = serde_json::json!((1 << 20) + 1);
         assert!(config_from_gpt2(&v).is_err());
     }
 
     #[test]
     fn the_tokenizer_json_maps_each_byte_to_its_id() {
         let tok = Tokenizer::from_corpus("hello, world\n\u{e9}".as_bytes());
-        let v = tokenizer_json(&tok);
+        let v = tokenizer_json(tok.byte_vocab().unwrap());
         let vocab = v["model"]["vocab"].as_object().unwrap();
         assert_eq!(vocab.len(), tok.len());
         // GPT-2's byte-level alphabet: a newline is Ċ, a space Ġ, printable ASCII itself.

@@ -2,8 +2,10 @@
 //!
 //! # Layout
 //! - [`backend`] — the backend types (CPU `Flex` by default, CUDA behind the `cuda` feature).
-//! - [`gpt`] — a small character-level GPT ([`GptConfig`], [`Gpt`]).
-//! - [`data`] — corpus, character tokenizer, train/validation split, per-node shards, batches.
+//! - [`gpt`] — a small GPT ([`GptConfig`], [`Gpt`]).
+//! - [`data`] — a tokenized corpus in memory: train/validation split, shards, batches.
+//! - [`tokenizer`] — the byte tokenizer and Hugging Face `tokenizer.json` files.
+//! - [`dataset`] — datasets of many files, streamed in shards.
 //! - [`flat`] — model parameters to and from one `Vec<f32>`, and the backend-independent genesis init.
 //! - [`inner`] — the DiLoCo inner loop ([`InnerTrainer`]: AdamW, warm-up, clipping, yield between steps).
 //! - [`outer`] — averaging pseudo-gradients, the Nesterov outer optimizer, error feedback.
@@ -14,6 +16,7 @@
 
 pub mod backend;
 pub mod data;
+pub mod dataset;
 pub mod eval;
 pub mod export;
 pub mod flat;
@@ -22,6 +25,7 @@ pub mod inner;
 pub mod outer;
 pub mod robust;
 pub mod sample;
+pub mod tokenizer;
 
 pub use data::{Corpus, DataError, Shard, Tokenizer};
 pub use gpt::{Gpt, GptConfig};

@@ -19,7 +19,7 @@ pub struct Sampling {
 
 /// `n` tokens that follow `prompt` (token ids; at least one), each drawn from the model's
 /// next-token distribution given the last `seq_len` tokens.
-pub fn generate<B: Backend>(model: &Gpt<B>, prompt: &[u8], n: usize, s: Sampling) -> Vec<u8> {
+pub fn generate<B: Backend>(model: &Gpt<B>, prompt: &[u32], n: usize, s: Sampling) -> Vec<u32> {
     let Some(device) = model.devices().into_iter().next() else {
         return vec![];
     };
@@ -28,7 +28,7 @@ pub fn generate<B: Backend>(model: &Gpt<B>, prompt: &[u8], n: usize, s: Sampling
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let start = tokens.len().saturating_sub(model.seq_len());
-        let window: Vec<i32> = tokens[start..].iter().map(|t| i32::from(*t)).collect();
+        let window: Vec<i32> = tokens[start..].iter().map(|t| *t as i32).collect();
         let len = window.len();
         let input = Tensor::<B, 2, Int>::from_data(TensorData::new(window, [1, len]), &device);
         let logits = model
@@ -45,11 +45,11 @@ pub fn generate<B: Backend>(model: &Gpt<B>, prompt: &[u8], n: usize, s: Sampling
 }
 
 /// One token from `logits` as `s` says.
-fn pick(logits: &[f32], s: Sampling, rng: &mut impl Rng) -> u8 {
+fn pick(logits: &[f32], s: Sampling, rng: &mut impl Rng) -> u32 {
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]));
     if s.temperature <= 0.0 || order.len() == 1 {
-        return order.first().copied().unwrap_or(0) as u8;
+        return order.first().copied().unwrap_or(0) as u32;
     }
     if s.top_k > 0 {
         order.truncate(s.top_k);
@@ -63,11 +63,11 @@ fn pick(logits: &[f32], s: Sampling, rng: &mut impl Rng) -> u8 {
     let mut x = rng.random::<f64>() * total;
     for (i, w) in order.iter().zip(&weights) {
         if x < *w {
-            return *i as u8;
+            return *i as u32;
         }
         x -= w;
     }
-    order[order.len() - 1] as u8
+    order[order.len() - 1] as u32
 }
 
 #[cfg(test)]
@@ -91,9 +91,9 @@ mod tests {
             top_k: 2,
             seed: 0,
         };
-        let drawn: std::collections::BTreeSet<u8> =
+        let drawn: std::collections::BTreeSet<u32> =
             (0..200).map(|_| pick(&logits, top2, &mut rng)).collect();
-        assert_eq!(drawn, [1u8, 3].into_iter().collect());
+        assert_eq!(drawn, [1u32, 3].into_iter().collect());
     }
 
     #[test]
@@ -105,7 +105,7 @@ mod tests {
             top_k: 10,
             seed: 3,
         };
-        let prompt: Vec<u8> = (0..50).map(|i| (i % 20) as u8).collect();
+        let prompt: Vec<u32> = (0..50).map(|i| i % 20).collect();
         let a = generate(&m, &prompt, 12, s);
         assert_eq!(a.len(), 12);
         assert!(a.iter().all(|t| *t < 20));

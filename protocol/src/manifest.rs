@@ -10,8 +10,15 @@ use crate::{DeltaCodec, Hash32, wire};
 /// Domain tag of manifest signatures.
 pub const MANIFEST_DOMAIN: &[u8] = b"nightshift/manifest/v1\0";
 /// Manifest format version (2: the inner optimizer; 3: bootstrap keys, attestation quorum,
-/// aggregator and pre-shared key fingerprint).
-pub const MANIFEST_VERSION: u32 = 3;
+/// aggregator and pre-shared key fingerprint; 4: datasets of many files, shards, tokenizer.json).
+pub const MANIFEST_VERSION: u32 = 4;
+
+/// Most files a dataset may list.
+pub const MAX_DATA_FILES: usize = 1 << 16;
+/// Longest file path in a dataset, in bytes.
+pub const MAX_DATA_PATH: usize = 1024;
+/// Largest vocabulary a model may have.
+pub const MAX_VOCAB: u32 = 1 << 20;
 
 /// Most bootstrap keys a manifest may list.
 pub const MAX_BOOTSTRAPS: usize = 64;
@@ -183,11 +190,14 @@ impl std::str::FromStr for InnerOptimizer {
     }
 }
 
-/// The model architecture (a character-level GPT).
+/// The model architecture (a GPT).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpec {
-    /// The characters of the vocabulary, in token order (bytes of the corpus).
+    /// The byte tokenizer's symbols, in token order (the distinct bytes of the corpus); empty
+    /// when the data names a `tokenizer.json`.
     pub vocab: Vec<u8>,
+    /// Number of token ids: `vocab.len()`, or the `tokenizer.json`'s vocabulary size.
+    pub vocab_size: u32,
     pub d_model: u32,
     pub n_layers: u32,
     pub n_heads: u32,
@@ -195,16 +205,43 @@ pub struct ModelSpec {
     pub seq_len: u32,
 }
 
-/// The data every node trains on.
+/// One file of a dataset, pinned by its size and hash.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DataFile {
+    /// Path relative to the dataset's directory (`/`-separated); empty when the dataset is this
+    /// one file.
+    pub path: String,
+    pub bytes: u64,
+    /// SHA-256 of the file; nodes refuse a different one.
+    pub sha256: Hash32,
+}
+
+/// The data every node trains on: files of UTF-8 text or JSON lines (a `text` field per line),
+/// read as one stream in the listed order. The last `val_permille` thousandths of the stream
+/// are held out for validation; the rest is cut into shards of about `shard_bytes` (a shard
+/// never spans two files), and each node trains each round on a shard chosen from its key and
+/// the round.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DataSpec {
-    /// A human name ("embedded:shakespeare" or a file name).
+    /// Where the creator's copy was: "embedded:shakespeare", a file, or a directory; a node
+    /// looks there unless told otherwise (`run --data`).
     pub name: String,
-    pub bytes: u64,
-    /// SHA-256 of the corpus file; nodes refuse a different corpus.
-    pub sha256: Hash32,
-    /// Thousandths of the corpus held out for validation (taken from the end).
+    /// The files, in stream order.
+    pub files: Vec<DataFile>,
+    /// Thousandths of the stream held out for validation (taken from the end).
     pub val_permille: u32,
+    /// Nominal size of a training shard.
+    pub shard_bytes: u64,
+    /// A Hugging Face `tokenizer.json` (its `path` as the creator gave it); `None`: the byte
+    /// tokenizer over `ModelSpec::vocab`.
+    pub tokenizer: Option<DataFile>,
+}
+
+impl DataSpec {
+    /// Bytes of all files together.
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes).sum()
+    }
 }
 
 /// Inner and outer optimisation settings.
@@ -349,8 +386,41 @@ impl SignedManifest {
         let md = &m.model;
         let t = &m.training;
         let bad = |s: &str| Err(ManifestError::Invalid(s.to_string()));
-        if md.vocab.is_empty() || md.vocab.len() > 256 {
-            return bad("vocabulary must hold 1..=256 symbols");
+        let d = &t.data;
+        match &d.tokenizer {
+            None if md.vocab.is_empty() || md.vocab.len() > 256 => {
+                return bad("the byte vocabulary must hold 1..=256 symbols");
+            }
+            None if md.vocab_size as usize != md.vocab.len() => {
+                return bad("vocab_size must be the byte vocabulary's size");
+            }
+            Some(_) if !md.vocab.is_empty() => {
+                return bad("a swarm with a tokenizer.json has no byte vocabulary");
+            }
+            Some(_) if md.vocab_size < 2 || md.vocab_size > MAX_VOCAB => {
+                return bad("vocab_size out of range");
+            }
+            _ => {}
+        }
+        if d.files.is_empty() || d.files.len() > MAX_DATA_FILES {
+            return bad("a dataset lists 1..=65536 files");
+        }
+        let paths_ok = d.files.iter().all(|f| {
+            f.path.len() <= MAX_DATA_PATH
+                && !f.path.split('/').any(|c| c == ".." || c == ".")
+                && !f.path.starts_with('/')
+        });
+        if !paths_ok || (d.files.len() > 1 && d.files.iter().any(|f| f.path.is_empty())) {
+            return bad("a data file's path must be relative, without . or .. parts");
+        }
+        if d.tokenizer
+            .as_ref()
+            .is_some_and(|t| t.path.len() > MAX_DATA_PATH)
+        {
+            return bad("the tokenizer's path is too long");
+        }
+        if d.shard_bytes < 4096 {
+            return bad("shards must be at least 4096 bytes");
         }
         if md.n_heads == 0 || md.d_model == 0 || !md.d_model.is_multiple_of(md.n_heads) {
             return bad("d_model must be a positive multiple of n_heads");
@@ -425,6 +495,7 @@ pub(crate) mod tests {
             created_unix: 1,
             model: ModelSpec {
                 vocab: b"abc".to_vec(),
+                vocab_size: 3,
                 d_model: 8,
                 n_layers: 1,
                 n_heads: 2,
@@ -446,9 +517,14 @@ pub(crate) mod tests {
                 init_seed: 7,
                 data: DataSpec {
                     name: "x".into(),
-                    bytes: 3,
-                    sha256: Hash32::default(),
+                    files: vec![DataFile {
+                        path: String::new(),
+                        bytes: 3,
+                        sha256: Hash32::default(),
+                    }],
                     val_permille: 100,
+                    shard_bytes: 1 << 20,
+                    tokenizer: None,
                 },
             },
             initial_state_hash: Hash32::default(),

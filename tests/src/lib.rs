@@ -267,8 +267,6 @@ impl TestSwarm {
             rounds.to_string(),
             "--events".into(),
             self.events_path(i).display().to_string(),
-            "--shard".into(),
-            format!("{i}/{}", self.nodes),
         ];
         if !extra.contains(&"--min-peers") {
             args.extend(["--min-peers".into(), (self.nodes - 1).to_string()]);

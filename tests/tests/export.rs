@@ -1,5 +1,6 @@
 //! `nightshift export` and `nightshift sample` on what a real swarm trained.
 
+use nightshift_node::events::NodeEvent;
 use nightshift_tests::*;
 use std::path::Path;
 use std::time::Duration;
@@ -123,4 +124,156 @@ fn a_trained_model_exports_in_the_gpt2_layout_and_samples_the_same_text_from_eit
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// A dataset of several files: two text files and a JSON-lines file of documents, cut from the
+/// Shakespeare corpus.
+fn write_dataset(dir: &Path) {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/data/shakespeare.txt"),
+    )
+    .unwrap();
+    // Cut at line ends, so every piece is whole lines of UTF-8.
+    let lines: Vec<&str> = text.lines().collect();
+    let piece = |from: usize, to: usize| lines[from..to].join("\n") + "\n";
+    std::fs::create_dir_all(dir.join("plays")).unwrap();
+    std::fs::write(dir.join("plays/a.txt"), piece(0, 6000)).unwrap();
+    std::fs::write(dir.join("plays/b.txt"), piece(6000, 12000)).unwrap();
+    let docs: String = lines[12000..18000]
+        .chunks(40)
+        .map(|c| serde_json::json!({ "text": c.join("\n"), "id": 1 }).to_string() + "\n")
+        .collect();
+    std::fs::write(dir.join("scenes.jsonl"), docs).unwrap();
+    // Files that are not data are left out.
+    std::fs::write(dir.join("README"), "not data").unwrap();
+}
+
+fn fails(args: &[&str]) -> String {
+    let o = std::process::Command::new(nightshift_bin())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "nightshift {args:?} succeeded");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn a_swarm_trains_with_a_bpe_tokenizer_on_a_dataset_of_several_files_and_samples_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("dataset");
+    write_dataset(&data);
+    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/bpe-512.json");
+    let swarm = TestSwarm::create(
+        dir.path(),
+        2,
+        &[
+            "--inner-steps",
+            "15",
+            "--warmup-steps",
+            "5",
+            "--data",
+            data.to_str().unwrap(),
+            "--tokenizer",
+            tokenizer.to_str().unwrap(),
+        ],
+    );
+    // The manifest pins each data file and the tokenizer by hash, and sizes its shards.
+    let m = read_json(&swarm.manifest)["manifest"].clone();
+    let d = &m["training"]["data"];
+    let files: Vec<&str> = d["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(files, ["plays/a.txt", "plays/b.txt", "scenes.jsonl"]);
+    assert_eq!(m["model"]["vocab_size"], 512);
+    assert!(d["tokenizer"]["sha256"].is_array() || d["tokenizer"]["sha256"].is_string());
+
+    let (_boot, addr) = swarm.bootstrap();
+    let mut nodes: Vec<_> = (0..2).map(|i| swarm.node(i, &addr, 4)).collect();
+    let mut all: Vec<&mut _> = nodes.iter_mut().collect();
+    assert_all_finish(&mut all, EXIT_TIMEOUT);
+    let losses: Vec<f32> = swarm
+        .events(0)
+        .iter()
+        .filter_map(|e| match e {
+            NodeEvent::Started { val_loss, .. } => Some(*val_loss),
+            NodeEvent::RoundCompleted(r) => Some(r.val_loss),
+            _ => None,
+        })
+        .collect();
+    assert!(losses.len() >= 4, "{losses:?}");
+    let (first, last) = (losses[0], *losses.last().unwrap());
+    // A 512-token vocabulary starts near ln 512 = 6.2 and must fall well below it.
+    assert!(first > 5.5 && last < first - 0.5, "{losses:?}");
+    assert_eq!(swarm.hashes(0).get(&4), swarm.hashes(1).get(&4));
+
+    // The export carries the swarm's own tokenizer.json, unchanged; sample prints text.
+    let node0 = dir.path().join("node0");
+    let out = dir.path().join("export");
+    run_ok(&[
+        "export",
+        "--data-dir",
+        node0.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        std::fs::read(out.join("tokenizer.json")).unwrap(),
+        std::fs::read(&tokenizer).unwrap()
+    );
+    let about = read_json(&out.join("nightshift.json"));
+    assert!(about.get("vocab").is_none(), "{about}");
+    assert!(about["check"]["loss"].as_f64().unwrap() > 0.0);
+    assert_eq!(read_json(&out.join("config.json"))["vocab_size"], 512);
+    let sample = |from: &str, path: &Path| {
+        run_ok(&[
+            "sample",
+            from,
+            path.to_str().unwrap(),
+            "--prompt",
+            "KING HENRY:",
+            "--tokens",
+            "60",
+            "--seed",
+            "3",
+        ])
+    };
+    let text = sample("--data-dir", &node0);
+    assert!(text.starts_with("KING HENRY:"), "{text}");
+    assert!(text.len() > "KING HENRY:".len() + 60, "{text:?}");
+    assert_eq!(text, sample("--model", &out));
+
+    // A node with another copy of the data, or another tokenizer, says which file differs.
+    let altered = dir.path().join("altered");
+    write_dataset(&altered);
+    let mut b = std::fs::read(altered.join("plays/b.txt")).unwrap();
+    b[100] ^= 0x20;
+    std::fs::write(altered.join("plays/b.txt"), b).unwrap();
+    let (other, key) = (dir.path().join("other"), dir.path().join("node0.key.json"));
+    let base = [
+        "run",
+        "--manifest",
+        swarm.manifest.to_str().unwrap(),
+        "--bootstrap",
+        &addr,
+        "--data-dir",
+        other.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ];
+    let err = fails(&[&base[..], &["--data", altered.to_str().unwrap()]].concat());
+    assert!(
+        err.contains("b.txt") && err.contains("does not match"),
+        "{err}"
+    );
+    let err = fails(
+        &[
+            &base[..],
+            &["--tokenizer", swarm.manifest.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(err.contains("does not match"), "{err}");
 }

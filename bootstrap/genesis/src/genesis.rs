@@ -2,14 +2,13 @@
 
 use ed25519_dalek::SigningKey;
 use nightshift_model::backend::{Cpu, cpu_device};
-use nightshift_model::data::{EMBEDDED_CORPUS, EMBEDDED_NAME};
-use nightshift_model::{GptConfig, Tokenizer, flat};
-use nightshift_protocol::manifest::{DataSpec, InnerOptimizer, MANIFEST_VERSION};
+use nightshift_model::{GptConfig, flat};
+use nightshift_protocol::manifest::{InnerOptimizer, MANIFEST_VERSION};
 use nightshift_protocol::{
     Aggregator, DeltaCodec, Hash32, Manifest, ModelSpec, SignedManifest, StateSnapshot,
     TrainingSpec, psk_fingerprint,
 };
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use thiserror::Error;
 
 /// Why a swarm could not be created or its data loaded.
@@ -23,7 +22,9 @@ pub enum GenesisError {
         #[source]
         source: std::io::Error,
     },
-    #[error("corpus {path} does not match the manifest (sha256 {got}, expected {expected})")]
+    #[error("{path}: {why}")]
+    BadData { path: String, why: String },
+    #[error("data file {path} does not match the manifest ({got}, expected {expected})")]
     CorpusMismatch {
         path: String,
         got: String,
@@ -45,8 +46,13 @@ pub enum GenesisError {
 pub struct SwarmSettings {
     pub name: String,
     pub preset: String,
-    /// `None`: the embedded Shakespeare corpus.
+    /// `None`: the embedded Shakespeare corpus; else a text or JSON-lines file, or a directory of
+    /// them.
     pub data: Option<PathBuf>,
+    /// A Hugging Face `tokenizer.json`; `None`: the byte tokenizer.
+    pub tokenizer: Option<PathBuf>,
+    /// Nominal size of a training shard; `None`: [`default_shard_bytes`].
+    pub shard_bytes: Option<u64>,
     pub inner_steps: u32,
     pub batch_size: u32,
     pub inner_lr: f32,
@@ -79,6 +85,8 @@ impl Default for SwarmSettings {
             name: "nightshift".into(),
             preset: "small".into(),
             data: None,
+            tokenizer: None,
+            shard_bytes: None,
             // H = 25 ended as low as H = 50 at T = 1000 and lost half as much to dropped
             // contributions (docs/bench/HISTORY.md, sixteenth pass).
             inner_steps: 25,
@@ -108,38 +116,21 @@ impl Default for SwarmSettings {
     }
 }
 
-/// Reads the corpus `spec` names: the embedded one, or the file at `path` (which must hash to
-/// the manifest's sha256).
-///
-/// # Errors
-/// When the file cannot be read or is a different corpus.
-pub fn load_corpus(spec: &DataSpec, path: Option<&Path>) -> Result<Vec<u8>, GenesisError> {
-    let (bytes, shown) = match path {
-        None if spec.name == EMBEDDED_NAME => (EMBEDDED_CORPUS.to_vec(), EMBEDDED_NAME.to_string()),
-        None => (read(Path::new(&spec.name))?, spec.name.clone()),
-        Some(p) => (read(p)?, p.display().to_string()),
-    };
-    let got = Hash32::of(&[&bytes]);
-    if got != spec.sha256 {
-        return Err(GenesisError::CorpusMismatch {
-            path: shown,
-            got: got.short(),
-            expected: spec.sha256.short(),
-        });
-    }
-    Ok(bytes)
-}
-
-fn read(p: &Path) -> Result<Vec<u8>, GenesisError> {
-    std::fs::read(p).map_err(|source| GenesisError::ReadCorpus {
-        path: p.display().to_string(),
-        source,
-    })
+/// The shard size for a recipe: eight times the text a node trains on in a round (so that a
+/// round's windows rarely repeat within its shard), and at least 1 MiB.
+pub fn default_shard_bytes(
+    inner_steps: u32,
+    batch: u32,
+    seq_len: usize,
+    bytes_per_token: f64,
+) -> u64 {
+    let round_bytes = inner_steps as f64 * batch as f64 * seq_len as f64 * bytes_per_token;
+    ((8.0 * round_bytes) as u64).max(1 << 20)
 }
 
 /// The burn model config a manifest describes.
 pub fn model_config(spec: &ModelSpec) -> GptConfig {
-    GptConfig::new(spec.vocab.len())
+    GptConfig::new(spec.vocab_size as usize)
         .with_d_model(spec.d_model as usize)
         .with_n_layers(spec.n_layers as usize)
         .with_n_heads(spec.n_heads as usize)
@@ -171,21 +162,44 @@ pub fn build_manifest(
     creator: &SigningKey,
     created_unix: u64,
 ) -> Result<SignedManifest, GenesisError> {
-    let (bytes, name) = match &s.data {
-        None => (EMBEDDED_CORPUS.to_vec(), EMBEDDED_NAME.to_string()),
-        Some(p) => (read(p)?, p.display().to_string()),
-    };
-    let tok = Tokenizer::from_corpus(&bytes);
+    let built = crate::data::build_data(s.data.as_deref(), s.tokenizer.as_deref(), s.val_permille)?;
+    let tok = &built.tokenizer;
     let cfg = GptConfig::preset(&s.preset, tok.len())
         .ok_or_else(|| GenesisError::UnknownPreset(s.preset.clone()))?;
-    // Refuse a corpus the nodes could not use, now rather than on every node.
-    nightshift_model::Corpus::new(&bytes, &tok, s.val_permille, cfg.seq_len)?;
+    let mut data = built.spec;
+    // Refuse data the nodes could not use, now rather than on every node: enough validation
+    // text, and shards long enough for a window.
+    let val = tok.encode(
+        &built
+            .dataset
+            .val_text(crate::data::VAL_MAX_BYTES)
+            .map_err(|e| GenesisError::ReadCorpus {
+                path: data.name.clone(),
+                source: e,
+            })?,
+    )?;
+    let sample = built.dataset.shard_text(0).unwrap_or_default();
+    let sample = &sample[..sample.len().min(1 << 20)];
+    let sample_tokens = tok.encode(sample)?.len().max(1);
+    let bytes_per_token = sample.len() as f64 / sample_tokens as f64;
+    let needed = cfg.seq_len + 1;
+    if val.len() < needed || (sample.len() as f64 / bytes_per_token) < needed as f64 {
+        return Err(nightshift_model::DataError::TooSmall {
+            tokens: val.len().min(sample_tokens),
+            needed,
+        }
+        .into());
+    }
+    data.shard_bytes = s.shard_bytes.unwrap_or_else(|| {
+        default_shard_bytes(s.inner_steps, s.batch_size, cfg.seq_len, bytes_per_token)
+    });
     let mut m = Manifest {
         version: MANIFEST_VERSION,
         name: s.name.clone(),
         created_unix,
         model: ModelSpec {
-            vocab: tok.vocab().to_vec(),
+            vocab: tok.byte_vocab().map(<[u8]>::to_vec).unwrap_or_default(),
+            vocab_size: tok.len() as u32,
             d_model: cfg.d_model as u32,
             n_layers: cfg.n_layers as u32,
             n_heads: cfg.n_heads as u32,
@@ -205,12 +219,7 @@ pub fn build_manifest(
             codec: s.codec,
             round_deadline_secs: s.round_deadline_secs,
             init_seed: s.init_seed,
-            data: DataSpec {
-                name,
-                bytes: bytes.len() as u64,
-                sha256: Hash32::of(&[&bytes]),
-                val_permille: s.val_permille,
-            },
+            data,
         },
         initial_state_hash: Hash32::default(),
         creator: [0; 32],
@@ -249,11 +258,14 @@ mod tests {
             genesis_state(&m.manifest).hash(),
             m.manifest.initial_state_hash
         );
-        assert!(load_corpus(&m.manifest.training.data, None).is_ok());
-        let mut other = m.manifest.training.data.clone();
-        other.sha256 = Hash32::default();
+        let md = &m.manifest;
+        let load =
+            |spec| crate::data::load_data(spec, &md.model.vocab, md.model.vocab_size, None, None);
+        assert!(load(&md.training.data).is_ok());
+        let mut other = md.training.data.clone();
+        other.files[0].sha256 = Hash32::default();
         assert!(matches!(
-            load_corpus(&other, None),
+            load(&other),
             Err(GenesisError::CorpusMismatch { .. })
         ));
         let bad = SwarmSettings {

@@ -5,13 +5,17 @@
 //! # Layout
 //! - [`keys`] — ed25519 identity key files (`nightshift keygen`).
 //! - [`genesis`] — building and signing a manifest (`nightshift swarm init`), the genesis state
-//!   θ(0), and loading the corpus a manifest names.
+//!   θ(0).
+//! - [`data`] — the dataset and tokenizer a manifest pins: built from the creator's files, found
+//!   and checked on every node.
 
+pub mod data;
 pub mod genesis;
 pub mod keys;
 
+pub use data::{load_data, load_tokenizer};
 pub use genesis::{
-    GenesisError, SwarmSettings, build_manifest, genesis_state, load_corpus, model_config,
+    GenesisError, SwarmSettings, build_manifest, default_shard_bytes, genesis_state, model_config,
 };
 pub use keys::{
     KeyError, generate_key, generate_psk, parse_swarm_key, read_key, read_swarm_key, write_key,

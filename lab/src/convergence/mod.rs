@@ -90,10 +90,11 @@ pub struct ConvergenceArgs {
     /// parallel (the same gradient, up to float rounding). Workers still run one after another.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: u32,
-    /// What each DiLoCo worker samples from: `contiguous` (worker i of K gets the i-th
-    /// contiguous K-th of the text, as `demo` assigns them) or `whole` (the whole training
-    /// split, each worker with its own random stream: what a node does unless given `--shard`).
-    #[arg(long, default_value = "contiguous", value_parser = ["contiguous", "whole"])]
+    /// What each DiLoCo worker samples from: `rotate` (each round a new shard of the training
+    /// split, drawn from the worker and the round, cut as `swarm init` cuts a dataset: what
+    /// nodes do), `contiguous` (worker i of K: the i-th contiguous K-th of the text, every
+    /// round) or `whole` (the whole training split, each worker with its own random stream).
+    #[arg(long, default_value = "rotate", value_parser = ["rotate", "contiguous", "whole"])]
     pub shards: String,
     /// Whether DiLoCo nodes train the next round while a round is collected (`nightshift run
     /// --overlap`); each DiLoCo run is made once per value given.
@@ -187,7 +188,11 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     }
     let new_setup = || -> anyhow::Result<Setup> {
         let mut setup = Setup::new(&a.recipe, a.val_batches)?;
-        setup.contiguous_shards = a.shards == "contiguous";
+        setup.shards = match a.shards.as_str() {
+            "contiguous" => ShardMode::Contiguous,
+            "whole" => ShardMode::Whole,
+            _ => ShardMode::Rotate,
+        };
         setup.inner.threads = a.threads as usize;
         Ok(setup)
     };

@@ -14,6 +14,17 @@ use nightshift_node::cmd::swarm::SwarmFlags;
 
 use super::*;
 
+/// What each DiLoCo worker samples from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardMode {
+    /// The whole training split, each worker with its own random stream.
+    Whole,
+    /// Worker i of K: the i-th contiguous K-th of the split, every round.
+    Contiguous,
+    /// A new shard every round, drawn from the worker and the round (what nodes do).
+    Rotate,
+}
+
 /// What every run shares: data, architecture, recipe, genesis.
 pub struct Setup {
     pub(crate) corpus: Corpus,
@@ -26,8 +37,10 @@ pub struct Setup {
     pub(crate) shapes: Vec<Vec<usize>>,
     pub(crate) val: Vec<(Vec<i32>, Vec<i32>)>,
     pub(crate) seed: u64,
-    /// DiLoCo workers sample contiguous shards rather than the whole split (see `--shards`).
-    pub contiguous_shards: bool,
+    /// What each DiLoCo worker samples from (see `--shards`).
+    pub shards: ShardMode,
+    /// The training split's shards when they rotate, as a node cuts its dataset.
+    pub rotate_shards: usize,
     /// How a round's contributions are combined (the nodes' own [`round_step`]).
     pub aggregator: Aggregator,
 }
@@ -58,6 +71,11 @@ impl Setup {
         let genesis = flat::genesis_params::<CpuTrain, _>(&model, s.init_seed);
         let shapes = flat::param_shapes::<CpuTrain, _>(&model);
         let val = corpus.val_batches(s.batch_size as usize, cfg.seq_len, val_batches);
+        // As `swarm init` sizes shards (the byte tokenizer: a token is a byte).
+        let shard_bytes = s.shard_bytes.unwrap_or_else(|| {
+            nightshift_bootstrap::default_shard_bytes(s.inner_steps, s.batch_size, cfg.seq_len, 1.0)
+        });
+        let rotate_shards = (corpus.train_len() as u64).div_ceil(shard_bytes).max(1) as usize;
         let inner = InnerConfig {
             lr: s.inner_lr as f64,
             warmup_steps: s.warmup_steps as u64,
@@ -77,9 +95,19 @@ impl Setup {
             shapes,
             val,
             seed: s.init_seed,
-            contiguous_shards: true,
+            shards: ShardMode::Rotate,
+            rotate_shards,
             aggregator: s.aggregator,
         })
+    }
+
+    /// The shard node `node` trains on in `round` when shards rotate: the node's draw
+    /// ([`nightshift_model::dataset::shard_for`], seeded by the node's index here) among equal
+    /// cuts of the training split.
+    pub(crate) fn rotating_shard(&self, node: usize, round: u64) -> nightshift_model::Shard {
+        let n = self.rotate_shards;
+        let i = nightshift_model::dataset::shard_for(&(node as u64).to_le_bytes(), round, n);
+        self.corpus.shard(i, n)
     }
 
     /// A trainer on `batch_mult`·batch samples per step.

@@ -61,6 +61,8 @@ fn a_tiny_diloco_swarm_learns_through_the_simulator_and_counts_its_bytes() {
     let recipe = SwarmFlags {
         preset: "tiny".into(),
         data: None,
+        tokenizer: None,
+        shard_mb: None,
         inner_steps: 25,
         codec: DeltaCodec::Int8 { block: 64 },
         batch_size: 8,

@@ -6,7 +6,7 @@
 //! across rounds, as a daemon's is), for a few nodes. The codecs, signatures, aggregation and
 //! outer step around either are the real ones.
 
-use crate::convergence::Setup;
+use crate::convergence::{Setup, ShardMode};
 use nightshift_model::backend::CpuTrain;
 use nightshift_model::{InnerTrainer, Shard};
 use nightshift_node::machine::Start;
@@ -96,8 +96,15 @@ impl Model {
         }
     }
 
-    /// Node `node`'s `steps` inner steps from `start`.
-    pub fn train(&mut self, node: usize, start: &Start, steps: u32, rng: &mut ChaCha8Rng) -> Steps {
+    /// Node `node`'s `steps` inner steps of `round` from `start`.
+    pub fn train(
+        &mut self,
+        node: usize,
+        round: u64,
+        start: &Start,
+        steps: u32,
+        rng: &mut ChaCha8Rng,
+    ) -> Steps {
         match self {
             Model::Quadratic(q) => {
                 if q.last.len() <= node {
@@ -116,7 +123,7 @@ impl Model {
                     tokens: u64::from(steps) * crate::sim::TOKENS_PER_STEP,
                 }
             }
-            Model::Gpt(g) => g.train(node, start, steps, rng),
+            Model::Gpt(g) => g.train(node, round, start, steps, rng),
         }
     }
 }
@@ -126,7 +133,7 @@ pub struct Gpt {
     setup: Setup,
     /// Each node's trainer and the state whose θ it holds.
     trainers: Vec<Option<(InnerTrainer<CpuTrain>, Hash32)>>,
-    /// What each node samples from.
+    /// What each node samples from, unless shards rotate.
     shards: Vec<Shard>,
     eval: InnerTrainer<CpuTrain>,
 }
@@ -139,9 +146,8 @@ impl Gpt {
             init_seed: seed,
             ..nightshift_bootstrap::SwarmSettings::default()
         };
-        let mut setup = Setup::from_settings(&settings, 8)?;
-        // Every node samples the whole training split, as `run` and the demo do.
-        setup.contiguous_shards = false;
+        // Every node draws a new shard each round, as `run` and the demo do.
+        let setup = Setup::from_settings(&settings, 8)?;
         Self::from_setup(setup, nodes)
     }
 
@@ -149,7 +155,7 @@ impl Gpt {
         let eval = setup.trainer(1)?;
         let shards = (0..nodes)
             .map(|i| {
-                if setup.contiguous_shards {
+                if setup.shards == ShardMode::Contiguous {
                     setup.corpus.shard(i, nodes)
                 } else {
                     setup.corpus.full_shard()
@@ -182,7 +188,14 @@ impl Gpt {
         self.setup.val_loss(&mut self.eval)
     }
 
-    fn train(&mut self, node: usize, start: &Start, steps: u32, rng: &mut ChaCha8Rng) -> Steps {
+    fn train(
+        &mut self,
+        node: usize,
+        round: u64,
+        start: &Start,
+        steps: u32,
+        rng: &mut ChaCha8Rng,
+    ) -> Steps {
         if self.trainers[node].is_none() {
             self.trainers[node] = self.setup.trainer(1).ok().map(|t| (t, Hash32::default()));
         }
@@ -209,9 +222,11 @@ impl Gpt {
                 *loaded = Hash32::default();
             }
         }
-        let rep = t.train(&self.setup.corpus, &self.shards[node], rng, steps, &|| {
-            false
-        });
+        let shard = match self.setup.shards {
+            ShardMode::Rotate => self.setup.rotating_shard(node, round),
+            _ => self.shards[node].clone(),
+        };
+        let rep = t.train(&self.setup.corpus, &shard, rng, steps, &|| false);
         Steps {
             params: t.params(),
             mean_loss: rep.mean_loss,

@@ -20,6 +20,7 @@
 //! resume, `sync` checkpoints and state downloads; `verify` re-exports the machine's rules.
 
 pub use crate::machine::accept;
+mod feed;
 pub mod io;
 mod sync;
 mod trainer;
@@ -34,7 +35,7 @@ use anyhow::{Context, bail};
 use burn::tensor::backend::AutodiffBackend;
 use ed25519_dalek::SigningKey;
 use libp2p::Multiaddr;
-use nightshift_model::{Corpus, Gpt, InnerConfig, InnerTrainer, Shard, Tokenizer, eval};
+use nightshift_model::{Corpus, Gpt, InnerConfig, InnerTrainer, eval};
 use nightshift_protocol::message::Phase;
 use nightshift_protocol::{Hash32, NodeRole, SignedManifest, WindowState};
 use rand::SeedableRng;
@@ -68,12 +69,15 @@ pub struct TrainerOptions {
     pub bootstrap: Vec<Multiaddr>,
     pub manifest: SignedManifest,
     pub key: SigningKey,
-    /// Corpus file; `None` uses the manifest's (embedded) corpus.
+    /// The swarm's data file or directory; `None`: where the manifest says (or embedded).
     pub data_path: Option<PathBuf>,
+    /// The swarm's `tokenizer.json`; `None`: where the manifest says.
+    pub tokenizer_path: Option<PathBuf>,
     /// Stop once the node holds θ(rounds).
     pub rounds: Option<u64>,
     pub events: Option<PathBuf>,
-    /// (index, count) of this node's shard; `None` samples the whole training split.
+    /// (index, count): train only on the dataset's shards numbered INDEX mod COUNT; `None`: on
+    /// all of them (a new one each round).
     pub shard: Option<(usize, usize)>,
     /// Trainer peers to wait for before the first round.
     pub min_peers: usize,
@@ -123,8 +127,7 @@ pub async fn run_trainer(opts: TrainerOptions) -> anyhow::Result<()> {
 /// The tensor side of a trainer; moved onto a blocking thread for every heavy call.
 struct Compute<B: AutodiffBackend> {
     trainer: InnerTrainer<B>,
-    corpus: Arc<Corpus>,
-    shard: Shard,
+    feed: feed::Feed,
     rng: ChaCha8Rng,
     val: Arc<Vec<(Vec<i32>, Vec<i32>)>>,
 }
@@ -234,19 +237,21 @@ impl<B: AutodiffBackend> Driver<B> {
         store.set_manifest(&manifest)?;
 
         // Data.
-        let text = nightshift_genesis::load_corpus(&m.training.data, opts.data_path.as_deref())?;
-        let tok = Tokenizer::from_vocab(m.model.vocab.clone())?;
+        let (dataset, tok) = nightshift_genesis::load_data(
+            &m.training.data,
+            &m.model.vocab,
+            m.model.vocab_size,
+            opts.data_path.as_deref(),
+            opts.tokenizer_path.as_deref(),
+        )?;
         let cfg = nightshift_genesis::model_config(&m.model);
-        let corpus = Arc::new(Corpus::new(
-            &text,
-            &tok,
-            m.training.data.val_permille,
-            cfg.seq_len,
-        )?);
-        let shard = match opts.shard {
-            Some((i, n)) => corpus.shard(i, n),
-            None => corpus.full_shard(),
-        };
+        let val_text = dataset
+            .val_text(nightshift_genesis::data::VAL_MAX_BYTES)
+            .context("cannot read the dataset's validation part")?;
+        let corpus = Corpus::from_parts(vec![], tok.encode(&val_text)?);
+        if corpus.val_len() <= cfg.seq_len {
+            bail!("the dataset's validation part is shorter than one window");
+        }
         let val = Arc::new(corpus.val_batches(m.training.batch_size as usize, cfg.seq_len, 8));
 
         // State: the checkpoint, or genesis.
@@ -308,10 +313,16 @@ impl<B: AutodiffBackend> Driver<B> {
         let me = opts.key.verifying_key().to_bytes();
         let seed = u64::from_le_bytes(me[..8].try_into().unwrap_or_default())
             ^ state.round.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let shards = dataset.shards().len();
+        let feed = feed::Feed::new(dataset, tok, cfg.seq_len, me, opts.shard)?;
+        info!(
+            shards,
+            of = feed.shard_count(),
+            "training data: a new shard every round"
+        );
         let mut compute = Compute {
             trainer,
-            corpus,
-            shard,
+            feed,
             rng: ChaCha8Rng::seed_from_u64(seed),
             val,
         };

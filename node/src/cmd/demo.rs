@@ -378,7 +378,7 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
     let swarm_id = manifest.swarm_id().to_hex();
     let m = &manifest.manifest.model;
     println!(
-        "nightshift demo: {} nodes, {} rounds of H={} inner steps ({}), codec {}, model d={} L={} ({} symbols), corpus {}",
+        "nightshift demo: {} nodes, {} rounds of H={} inner steps ({}), codec {}, model d={} L={} ({} tokens), data {}",
         args.nodes,
         args.rounds,
         settings.inner_steps,
@@ -386,7 +386,7 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
         settings.codec,
         m.d_model,
         m.n_layers,
-        m.vocab.len(),
+        m.vocab_size,
         manifest.manifest.training.data.name
     );
     println!("swarm {}   work dir {}", &swarm_id[..16], dir.display());
@@ -405,8 +405,6 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
         a.extend([
             "--rounds".into(),
             args.rounds.to_string(),
-            "--shard".into(),
-            format!("{i}/{}", args.nodes),
             "--min-peers".into(),
             (args.nodes - 1).to_string(),
             // The demo's nodes share this machine: each would see the others' load as busy,
@@ -418,6 +416,9 @@ pub async fn run_demo(args: DemoArgs, mut shutdown: watch::Receiver<bool>) -> an
         ]);
         if let Some(d) = &args.swarm.data {
             a.extend(["--data".into(), s(d)]);
+        }
+        if let Some(t) = &args.swarm.tokenizer {
+            a.extend(["--tokenizer".into(), s(t)]);
         }
         if let (0, Some(addr)) = (i, args.http) {
             let _ = std::fs::remove_file(crate::http::http_file(&dir.join("node0")));

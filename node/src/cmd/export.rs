@@ -27,10 +27,13 @@ pub struct ExportArgs {
     /// tokenizer.json and nightshift.json.
     #[arg(long)]
     pub out: PathBuf,
-    /// The corpus file, when the swarm trains on a file that lives elsewhere here (used for
-    /// the reference loss in nightshift.json only).
+    /// The swarm's data, when it is not where the manifest says (used for the reference loss
+    /// in nightshift.json only).
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// The swarm's `tokenizer.json`, when it has one and it is not where the manifest says.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -41,10 +44,14 @@ pub struct SampleArgs {
     /// A directory written by `nightshift export`, instead of --data-dir.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// The swarm's `tokenizer.json` (with --data-dir), when it has one and it is not where the
+    /// manifest says.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
     /// The text to continue (default: a newline, or the vocabulary's first character).
     #[arg(long)]
     pub prompt: Option<String>,
-    /// How many tokens (bytes) to generate.
+    /// How many tokens to generate.
     #[arg(long, default_value_t = 300)]
     pub tokens: usize,
     /// Softmax temperature: lower is more predictable, 0 always takes the likeliest token.
@@ -95,12 +102,21 @@ fn open_store(data_dir: &Path) -> anyhow::Result<FromStore> {
     Ok(FromStore { manifest, state })
 }
 
-fn load_store(data_dir: &Path) -> anyhow::Result<Loaded> {
+/// The swarm's tokenizer, and its `tokenizer.json` when it has one.
+fn tokenizer_of(
+    m: &nightshift_protocol::Manifest,
+    path: Option<&Path>,
+) -> anyhow::Result<(Tokenizer, Option<Vec<u8>>)> {
+    nightshift_genesis::load_tokenizer(&m.training.data, &m.model.vocab, m.model.vocab_size, path)
+        .context("the swarm's tokenizer.json: give --tokenizer FILE")
+}
+
+fn load_store(data_dir: &Path, tokenizer: Option<&Path>) -> anyhow::Result<Loaded> {
     let s = open_store(data_dir)?;
     let m = &s.manifest.manifest;
     Ok(Loaded {
         cfg: nightshift_genesis::model_config(&m.model),
-        tok: Tokenizer::from_vocab(m.model.vocab.clone())?,
+        tok: tokenizer_of(m, tokenizer)?.0,
         params: s.state.params,
     })
 }
@@ -116,14 +132,25 @@ fn load_export(dir: &Path) -> anyhow::Result<Loaded> {
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("{} is not a nightshift export", dir.display()))?;
     let about = read_json(&dir.join(ABOUT))?;
-    let vocab: Vec<u8> = about["vocab"]
-        .as_array()
-        .context("nightshift.json has no vocab")?
-        .iter()
-        .map(|v| v.as_u64().and_then(|b| u8::try_from(b).ok()))
-        .collect::<Option<_>>()
-        .context("nightshift.json: vocab must list bytes (0-255)")?;
-    let tok = Tokenizer::from_vocab(vocab)?;
+    let tok = match about.get("vocab") {
+        // The byte tokenizer: its symbols, in token order.
+        Some(v) => {
+            let vocab: Vec<u8> = v
+                .as_array()
+                .context("nightshift.json: vocab must be a list")?
+                .iter()
+                .map(|v| v.as_u64().and_then(|b| u8::try_from(b).ok()))
+                .collect::<Option<_>>()
+                .context("nightshift.json: vocab must list bytes (0-255)")?;
+            Tokenizer::from_vocab(vocab)?
+        }
+        None => {
+            let path = dir.join(TOKENIZER);
+            let json =
+                std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            Tokenizer::from_json(&json).with_context(|| format!("{}", path.display()))?
+        }
+    };
     if tok.len() != cfg.vocab {
         bail!(
             "nightshift.json's vocabulary has {} tokens, config.json says {}",
@@ -149,7 +176,7 @@ pub fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     let s = open_store(&a.data_dir)?;
     let m = &s.manifest.manifest;
     let cfg = nightshift_genesis::model_config(&m.model);
-    let tok = Tokenizer::from_vocab(m.model.vocab.clone())?;
+    let (tok, tokenizer_json) = tokenizer_of(m, a.tokenizer.as_deref())?;
     let tensors = export::to_gpt2(&cfg, &s.state.params)?;
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
@@ -162,19 +189,25 @@ pub fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     ]);
     export::write_safetensors(&a.out.join(WEIGHTS), &tensors, meta)?;
     write_json(&a.out.join(CONFIG), &export::gpt2_config(&cfg))?;
-    write_json(&a.out.join(TOKENIZER), &export::tokenizer_json(&tok))?;
-    let check = reference_loss(m, &cfg, &tok, &s.state.params, a.data.as_deref());
-    write_json(
-        &a.out.join(ABOUT),
-        &serde_json::json!({
-            "swarm": swarm,
-            "name": m.name,
-            "round": s.state.round,
-            "state_hash": hash,
-            "vocab": tok.vocab(),
-            "check": check,
-        }),
-    )?;
+    match (&tokenizer_json, tok.byte_vocab()) {
+        // The swarm's own tokenizer.json, as it is.
+        (Some(json), _) => std::fs::write(a.out.join(TOKENIZER), json)
+            .with_context(|| format!("cannot write {}", a.out.join(TOKENIZER).display()))?,
+        (None, Some(vocab)) => write_json(&a.out.join(TOKENIZER), &export::tokenizer_json(vocab))?,
+        (None, None) => bail!("a tokenizer with neither a byte vocabulary nor a tokenizer.json"),
+    }
+    let check = reference_loss(m, &cfg, &tok, &s.state.params, &a);
+    let mut about = serde_json::json!({
+        "swarm": swarm,
+        "name": m.name,
+        "round": s.state.round,
+        "state_hash": hash,
+        "check": check,
+    });
+    if let Some(vocab) = tok.byte_vocab() {
+        about["vocab"] = serde_json::json!(vocab);
+    }
+    write_json(&a.out.join(ABOUT), &about)?;
     println!(
         "exported round {} of swarm {} ({} parameters) to {}",
         s.state.round,
@@ -198,18 +231,31 @@ fn reference_loss(
     cfg: &GptConfig,
     tok: &Tokenizer,
     params: &[f32],
-    data: Option<&Path>,
+    a: &ExportArgs,
 ) -> serde_json::Value {
-    let text = match nightshift_genesis::load_corpus(&m.training.data, data) {
+    let data = nightshift_genesis::load_data(
+        &m.training.data,
+        &m.model.vocab,
+        m.model.vocab_size,
+        a.data.as_deref(),
+        a.tokenizer.as_deref(),
+    )
+    .map_err(anyhow::Error::from)
+    .and_then(|(d, _)| Ok(d.val_text(nightshift_genesis::data::VAL_MAX_BYTES)?));
+    let text = match data {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("note: no reference loss in nightshift.json ({e}); give --data FILE");
+            eprintln!("note: no reference loss in nightshift.json ({e:#}); give --data PATH");
             return serde_json::Value::Null;
         }
     };
-    let Ok(corpus) = Corpus::new(&text, tok, m.training.data.val_permille, cfg.seq_len) else {
+    let Ok(val) = tok.encode(&text) else {
         return serde_json::Value::Null;
     };
+    if val.len() <= cfg.seq_len {
+        return serde_json::Value::Null;
+    }
+    let corpus = Corpus::from_parts(vec![], val);
     let batches = corpus.val_batches(4, cfg.seq_len, 2);
     let l = Loaded {
         cfg: cfg.clone(),
@@ -240,23 +286,27 @@ fn write_json(path: &Path, v: &serde_json::Value) -> anyhow::Result<()> {
 /// No model where the flags point, or a prompt with bytes outside the vocabulary.
 pub fn run_sample(a: SampleArgs) -> anyhow::Result<()> {
     let loaded = match (&a.data_dir, &a.model) {
-        (Some(d), _) => load_store(d)?,
+        (Some(d), _) => load_store(d, a.tokenizer.as_deref())?,
         (None, Some(m)) => load_export(m)?,
         (None, None) => bail!("give --data-dir DIR or --model EXPORT"),
     };
     if !a.temperature.is_finite() || a.temperature < 0.0 {
         bail!("--temperature must be 0 or more");
     }
-    let prompt = match &a.prompt {
-        Some(p) if !p.is_empty() => p.clone(),
-        _ if loaded.tok.vocab().contains(&b'\n') => "\n".into(),
-        _ => (loaded.tok.vocab()[0] as char).to_string(),
+    let prompt = match (&a.prompt, loaded.tok.byte_vocab()) {
+        (Some(p), _) if !p.is_empty() => p.clone(),
+        (_, Some(vocab)) if !vocab.contains(&b'\n') => (vocab[0] as char).to_string(),
+        _ => "\n".into(),
     };
     let ids = loaded.tok.encode(prompt.as_bytes()).map_err(|e| {
         anyhow::anyhow!(
-            "the prompt cannot be encoded: {e} (this model knows only the bytes of its corpus)"
+            "the prompt cannot be encoded: {e} (a byte-level model knows only the bytes of its \
+             corpus)"
         )
     })?;
+    if ids.is_empty() {
+        bail!("the prompt encodes to no tokens");
+    }
     let model = model_of(&loaded)?;
     let out = generate(
         &model,

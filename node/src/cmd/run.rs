@@ -36,16 +36,22 @@ pub struct RunArgs {
     pub data_dir: PathBuf,
     #[arg(long, default_value = "/ip4/0.0.0.0/tcp/0")]
     pub listen: Multiaddr,
-    /// The corpus file, when the manifest names a file that lives elsewhere here.
+    /// The swarm's data file or directory, when it is not where the manifest says (the path
+    /// its creator gave). Every file is checked against the manifest's hashes.
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// The swarm's `tokenizer.json`, when the swarm has one and it is not where the manifest
+    /// says.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
     /// Stop after this many rounds in total (θ(N) reached).
     #[arg(long)]
     pub rounds: Option<u64>,
     /// Append JSON-lines events to this file.
     #[arg(long)]
     pub events: Option<PathBuf>,
-    /// This node's shard of the training data, as INDEX/COUNT.
+    /// Train only on the dataset's shards numbered INDEX modulo COUNT (as INDEX/COUNT); by
+    /// default a node draws from all of them, a new one every round.
     #[arg(long, value_parser = parse_shard)]
     pub shard: Option<(usize, usize)>,
     /// Trainer peers to wait for before the first round.
@@ -168,6 +174,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         manifest,
         key,
         data_path: a.data,
+        tokenizer_path: a.tokenizer,
         rounds: a.rounds,
         events: a.events,
         shard: a.shard,

@@ -22,9 +22,19 @@ pub struct SwarmFlags {
     /// Model preset: tiny, small, medium or large.
     #[arg(long, default_value = "small")]
     pub preset: String,
-    /// Training corpus (UTF-8 text); defaults to the embedded Shakespeare.
+    /// Training data: a UTF-8 text file, a JSON-lines file (`.jsonl`, a `text` field per
+    /// line), or a directory of them (`*.txt`, `*.md`, `*.jsonl`, read in name order). Every file
+    /// is pinned by its hash; nodes stream it in shards. Default: the embedded Shakespeare.
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// A Hugging Face `tokenizer.json` (BPE and the like), pinned by its hash; nodes need the same
+    /// file. Default: the byte tokenizer (each distinct byte of the data is a token).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Size of a training shard in MiB: each round every node reads one shard, a new one chosen
+    /// from its key and the round. Default: eight rounds' worth of a node's text, at least 1.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub shard_mb: Option<u32>,
     /// H: inner steps each node trains per round before the contributions are averaged.
     #[arg(long, default_value_t = SwarmSettings::default().inner_steps)]
     pub inner_steps: u32,
@@ -80,6 +90,8 @@ impl SwarmFlags {
             name: name.into(),
             preset: self.preset.clone(),
             data: self.data.clone(),
+            tokenizer: self.tokenizer.clone(),
+            shard_bytes: self.shard_mb.map(|m| u64::from(m) << 20),
             inner_steps: self.inner_steps,
             batch_size: self.batch_size,
             inner_lr: self.inner_lr,

@@ -1,7 +1,7 @@
 //! Realistic values to start from: keys, statuses, window records, states and manifests.
 
 use ed25519_dalek::SigningKey;
-use nightshift_protocol::manifest::{DataSpec, MAX_BOOTSTRAPS, MAX_MEMBERS};
+use nightshift_protocol::manifest::{DataFile, DataSpec, MAX_BOOTSTRAPS, MAX_MEMBERS};
 use nightshift_protocol::message::{
     NodeRole, Phase, StateSnapshot, Status, WindowRecord, WindowState,
 };
@@ -155,6 +155,7 @@ pub(crate) fn manifests() -> Vec<Manifest> {
         created_unix: 1_700_000_000,
         model: ModelSpec {
             vocab: (b' '..=b'~').collect(),
+            vocab_size: 95,
             d_model: 64,
             n_layers: 2,
             n_heads: 4,
@@ -176,9 +177,14 @@ pub(crate) fn manifests() -> Vec<Manifest> {
             init_seed: 7,
             data: DataSpec {
                 name: "embedded:shakespeare".into(),
-                bytes: 1_115_394,
-                sha256: Hash32::of(&[b"corpus"]),
+                files: vec![DataFile {
+                    path: String::new(),
+                    bytes: 1_115_394,
+                    sha256: Hash32::of(&[b"corpus"]),
+                }],
                 val_permille: 50,
+                shard_bytes: 1 << 20,
+                tokenizer: None,
             },
         },
         initial_state_hash: Hash32::of(&[b"genesis"]),
@@ -240,8 +246,8 @@ pub(crate) fn tweak_manifest(rng: &mut Rng, m: &mut Manifest) {
             *rng.pick(&f32s)
         }
     };
-    match rng.below(24) {
-        0 => m.version = *rng.pick(&[0, 1, 2, 4, u32::MAX]),
+    match rng.below(27) {
+        0 => m.version = *rng.pick(&[0, 1, 2, 3, 5, u32::MAX]),
         1 => m.model.vocab = vec![b'a'; *rng.pick(&[0usize, 1, 256, 257])],
         2 => m.model.d_model = *rng.pick(&u32s),
         3 => m.model.n_heads = *rng.pick(&u32s),
@@ -276,6 +282,22 @@ pub(crate) fn tweak_manifest(rng: &mut Rng, m: &mut Manifest) {
         }
         21 => m.aggregator = Aggregator::Mean,
         22 => m.psk = rng.chance(50).then(|| Hash32::of(&[b"psk"])),
+        23 => m.model.vocab_size = *rng.pick(&u32s),
+        24 => {
+            let n = *rng.pick(&[0usize, 1, 2, 65536, 65537]);
+            let path = rng
+                .pick(&["", "a.txt", "../a", "/etc/passwd", "d/./x"])
+                .to_string();
+            m.training.data.files = vec![
+                DataFile {
+                    path,
+                    bytes: 1,
+                    sha256: Hash32::default(),
+                };
+                n
+            ];
+        }
+        25 => m.training.data.shard_bytes = *rng.pick(&[0, 1, 4095, 4096, u64::MAX]),
         _ => m.name = "n".repeat(*rng.pick(&[0, 1, 256, 4096])),
     }
 }

@@ -104,11 +104,12 @@ impl World {
                 }
             }
             Output::Train {
+                round,
                 start,
                 steps,
                 budget_ms,
                 ..
-            } => self.train(i, &start, steps, budget_ms),
+            } => self.train(i, round, &start, steps, budget_ms),
             Output::NewState(ns) => {
                 let n = &mut self.nodes[i];
                 if let How::Synced {
@@ -157,11 +158,20 @@ impl World {
 
     /// The node's inner steps from `start` (the model's, within the budget); the result arrives
     /// when the steps would have finished at the node's simulated speed.
-    pub(super) fn train(&mut self, i: usize, start: &Start, steps: u32, budget_ms: Option<Millis>) {
+    pub(super) fn train(
+        &mut self,
+        i: usize,
+        round: u64,
+        start: &Start,
+        steps: u32,
+        budget_ms: Option<Millis>,
+    ) {
         let step_ms = self.nodes[i].step_ms;
         // As the daemon's trainer: a step starts while the budget has time left.
         let fit = budget_ms.map_or(steps, |b| ((b as f64 / step_ms).ceil() as u32).min(steps));
-        let done = self.model.train(i, start, fit, &mut self.nodes[i].rng);
+        let done = self
+            .model
+            .train(i, round, start, fit, &mut self.nodes[i].rng);
         self.tokens += done.tokens;
         let secs = fit as f64 * step_ms / 1000.0;
         let trained = Trained {

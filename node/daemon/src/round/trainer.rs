@@ -94,13 +94,17 @@ impl<B: AutodiffBackend> Driver<B> {
                 r.err().map(|e| e.to_string())
             });
             c.trainer.wake();
-            let report = c
-                .trainer
-                .train(&c.corpus, &c.shard, &mut c.rng, steps, &|| {
-                    stop.load(Ordering::SeqCst)
-                        || !avail.load(Ordering::SeqCst)
-                        || budget.is_some_and(|b| t0.elapsed() >= b)
-                });
+            let (report, failed) = match c.feed.for_round(round) {
+                Ok((corpus, shard)) => (
+                    c.trainer.train(corpus, &shard, &mut c.rng, steps, &|| {
+                        stop.load(Ordering::SeqCst)
+                            || !avail.load(Ordering::SeqCst)
+                            || budget.is_some_and(|b| t0.elapsed() >= b)
+                    }),
+                    failed,
+                ),
+                Err(e) => (nightshift_model::InnerReport::default(), Some(e)),
+            };
             let stopped_at = (Instant::now(), SystemTime::now());
             let secs = t0.elapsed().as_secs_f64();
             let params = if report.steps > 0 {
@@ -225,7 +229,7 @@ impl<B: AutodiffBackend> Driver<B> {
         } = done;
         self.compute = Some(compute);
         if let Some(e) = failed {
-            warn!(round = r, error = %e, "θ does not fit the model");
+            warn!(round = r, error = %e, "this round was not trained");
         }
         let by_window = report.yielded && !self.available() && !self.shutting_down();
         if by_window {

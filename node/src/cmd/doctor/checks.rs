@@ -30,7 +30,7 @@ fn memory() -> Option<(u64, u64)> {
 /// Parameters of the model a manifest describes (the GPT of `nightshift-model`).
 pub(super) fn model_params(m: &ModelSpec) -> u64 {
     let (v, d, ff, s, l) = (
-        m.vocab.len() as u64,
+        m.vocab_size as u64,
         m.d_model as u64,
         m.d_ff as u64,
         m.seq_len as u64,
@@ -301,7 +301,7 @@ pub(super) fn data_dir(a: &DoctorArgs, running: Option<&Value>) -> Vec<Finding> 
     };
     let checkpoint = store.checkpoint();
     if let Some(m) = &manifest {
-        out.extend(swarm(m, a.data.as_deref()));
+        out.extend(swarm(m, a.data.as_deref(), a.tokenizer.as_deref()));
     }
     match checkpoint {
         Ok(Some(c)) => {
@@ -356,7 +356,7 @@ pub(super) fn data_dir(a: &DoctorArgs, running: Option<&Value>) -> Vec<Finding> 
 }
 
 /// The swarm a manifest describes, the memory its model needs and whether its data is here.
-fn swarm(m: &SignedManifest, data: Option<&Path>) -> Vec<Finding> {
+fn swarm(m: &SignedManifest, data: Option<&Path>, tokenizer: Option<&Path>) -> Vec<Finding> {
     let s = "data";
     let md = &m.manifest;
     let params = model_params(&md.model);
@@ -391,21 +391,27 @@ fn swarm(m: &SignedManifest, data: Option<&Path>) -> Vec<Finding> {
             .todo("close other programs, or join a swarm with a smaller model"),
         );
     }
-    match nightshift_genesis::load_corpus(&md.training.data, data) {
-        Ok(bytes) => out.push(Finding::new(
+    let d = &md.training.data;
+    match nightshift_genesis::load_data(d, &md.model.vocab, md.model.vocab_size, data, tokenizer) {
+        Ok((dataset, tok)) => out.push(Finding::new(
             s,
             Level::Ok,
             format!(
-                "training data {} ({:.1} MB) matches the manifest",
-                data.map_or_else(
-                    || md.training.data.name.clone(),
-                    |p| p.display().to_string()
-                ),
-                bytes.len() as f64 / 1e6
+                "training data {}: {} file(s), {:.1} MB, {} shards, {} tokens; matches the manifest",
+                data.map_or_else(|| d.name.clone(), |p| p.display().to_string()),
+                d.files.len(),
+                d.bytes() as f64 / 1e6,
+                dataset.shards().len(),
+                if tok.byte_vocab().is_some() {
+                    format!("{} byte", tok.len())
+                } else {
+                    format!("{} tokenizer.json", tok.len())
+                },
             ),
         )),
         Err(e) => out.push(Finding::new(s, Level::Fail, format!("{e:#}")).todo(
-            "give the swarm's data file with `--data FILE` (to `run`, and here to check it)",
+            "give the swarm's data with `--data PATH` (and its tokenizer with `--tokenizer FILE`) \
+             to `run`, and here to check them",
         )),
     }
     out
@@ -596,6 +602,7 @@ mod tests {
     fn the_parameter_count_matches_the_model() {
         let spec = ModelSpec {
             vocab: (0..84).collect(),
+            vocab_size: 84,
             d_model: 32,
             n_layers: 2,
             n_heads: 2,

@@ -37,6 +37,9 @@ pub struct DoctorArgs {
     /// The swarm's data file or directory, as given to `run --data`.
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// The swarm's `tokenizer.json`, as given to `run --tokenizer`.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
     /// The idle sources to ask, as given to `run --idle` (repeatable).
     #[arg(long = "idle", default_value = "auto")]
     pub idle: Vec<String>,
