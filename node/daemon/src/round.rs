@@ -313,11 +313,10 @@ impl<B: AutodiffBackend> Driver<B> {
         let me = opts.key.verifying_key().to_bytes();
         let seed = u64::from_le_bytes(me[..8].try_into().unwrap_or_default())
             ^ state.round.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let shards = dataset.shards().len();
         let feed = feed::Feed::new(dataset, tok, cfg.seq_len, me, opts.shard)?;
         info!(
-            shards,
-            of = feed.shard_count(),
+            shards = feed.shard_count(),
+            drawn_from = feed.allowed_count(),
             "training data: a new shard every round"
         );
         let mut compute = Compute {
