@@ -502,6 +502,35 @@ def nat_rows():
 
 # --- The page ---------------------------------------------------------------------------------------
 
+SHARDS = BENCH / "shards"
+
+
+def shard_rows():
+    """Which node trains on what: DiLoCo's final loss against sync on a small and a large corpus."""
+    rows = []
+    for corpus, about in [("small", "0.8 MB: the first 799,998 bytes of the embedded Shakespeare (1 shard)"),
+                          ("large", "50.4 MB: 2,868 Rust source files of the crate registry, "
+                                    "concatenated (48 shards of 1 MiB)")]:
+        base = f"docs/bench/shards/{corpus}-rotate-s42.json"
+        if not (ROOT / base).exists():
+            continue
+        rs = runs(base)
+        sync = next(r for r in rs if r["name"].startswith("sync"))["final_val_loss"]
+        cells = []
+        for mode in ["rotate", "whole", "contiguous"]:
+            path = f"docs/bench/shards/{corpus}-{mode}-s42.json"
+            if not (ROOT / path).exists():
+                continue
+            d = next(r for r in runs(path) if r["name"].startswith("diloco"))
+            loss = d["final_val_loss"]
+            name = {"rotate": "**rotating shards** (shipped)", "whole": "whole split",
+                    "contiguous": "contiguous quarters (the demo before)"}[mode]
+            cells.append(f"{name}: {loss:.4f}, **{loss / sync:.3f}×**")
+        rows.append([corpus, about, f"sync k=4: {sync:.4f}", "42", "; ".join(cells),
+                     f"③ · {commit_of(base, '?')} · `docs/bench/shards/{corpus}-*-s42.json`"])
+    return rows
+
+
 def table(header, rows):
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -549,6 +578,22 @@ def page():
         "node running the daemon's round machine (the rows *through the simulator*); the rows "
         "before them ran its earlier in-process loop, which applied the same aggregation and "
         "outer step but not the nodes' rules around them.",
+        "",
+        "## Which node trains on what: shards on a small and a large corpus",
+        "",
+        "Each round every node reads one shard of the training part, drawn from its key and the "
+        "round (`swarm init` sizes shards at eight rounds of a node's text, at least 1 MiB). "
+        "Against every node sampling the whole training split (not possible once a dataset is "
+        "streamed rather than loaded), and each node training on its own contiguous quarter "
+        "every round (what the demo did before). DiLoCo K = 4, H = 25, 1,000 steps a node, the "
+        "shipped recipe, through the simulator; the ratio is to synchronous training of the same "
+        "tokens on the same corpus.",
+        "",
+        table(["corpus", "data", "baseline", "seed", "DiLoCo final loss, ratio to sync",
+               "command · commit · data"], shard_rows()),
+        "",
+        "③ `RAYON_NUM_THREADS=1 nightshift-lab convergence --runs sync,diloco --k 4 --h 25 "
+        "--shards rotate|whole|contiguous --data FILE --seed 42`",
         "",
         "## Throughput of the inner loop",
         "",

@@ -270,14 +270,15 @@ pub fn check_json_line(line: &[u8]) -> Result<(), String> {
     }
 }
 
-/// The training shard a node with `seed` (its public key) trains on in `round`, of `n`: drawn
-/// anew every round, so that every node sees the whole training part over the rounds and
-/// the nodes of a round train on different parts.
-pub fn shard_for(seed: &[u8], round: u64, n: usize) -> usize {
+/// The `draw`-th training shard a node with `seed` (its public key) trains on in `round`, of
+/// `n`: drawn anew every round, so that every node sees the whole training part over the rounds
+/// and the nodes of a round train on different parts.
+pub fn shard_for(seed: &[u8], round: u64, draw: u32, n: usize) -> usize {
     let h = Sha256::new()
         .chain_update(b"nightshift/shard/v1\0")
         .chain_update(seed)
         .chain_update(round.to_le_bytes())
+        .chain_update(draw.to_le_bytes())
         .finalize();
     let x = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
     (x % n.max(1) as u64) as usize
@@ -375,13 +376,20 @@ mod tests {
         let n = 7;
         let mut seen = vec![0; n];
         for r in 0..700 {
-            seen[shard_for(b"key a", r, n)] += 1;
+            seen[shard_for(b"key a", r, 0, n)] += 1;
         }
         assert!(seen.iter().all(|c| *c > 50), "{seen:?}");
         let differ = (0..100)
-            .filter(|r| shard_for(b"key a", *r, n) != shard_for(b"key b", *r, n))
+            .filter(|r| shard_for(b"key a", *r, 0, n) != shard_for(b"key b", *r, 0, n))
             .count();
         assert!(differ > 70, "{differ}");
-        assert_eq!(shard_for(b"k", 3, 1), 0);
+        assert_eq!(shard_for(b"k", 3, 0, 1), 0);
+        assert_ne!(
+            (0..8)
+                .map(|j| shard_for(b"k", 3, j, 1000))
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            1
+        );
     }
 }

@@ -219,8 +219,8 @@ pub struct DataFile {
 /// The data every node trains on: files of UTF-8 text or JSON lines (a `text` field per line),
 /// read as one stream in the listed order. The last `val_permille` thousandths of the stream
 /// are held out for validation; the rest is cut into shards of about `shard_bytes` (a shard
-/// never spans two files), and each node trains each round on a shard chosen from its key and
-/// the round.
+/// never spans two files), and each node trains each round on `shards_per_round` shards drawn
+/// from its key and the round.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DataSpec {
     /// Where the creator's copy was: "embedded:shakespeare", a file, or a directory; a node
@@ -232,6 +232,8 @@ pub struct DataSpec {
     pub val_permille: u32,
     /// Nominal size of a training shard.
     pub shard_bytes: u64,
+    /// Shards each node reads per round (drawn independently; their text is joined).
+    pub shards_per_round: u32,
     /// A Hugging Face `tokenizer.json` (its `path` as the creator gave it); `None`: the byte
     /// tokenizer over `ModelSpec::vocab`.
     pub tokenizer: Option<DataFile>,
@@ -422,6 +424,9 @@ impl SignedManifest {
         if d.shard_bytes < 4096 {
             return bad("shards must be at least 4096 bytes");
         }
+        if !(1..=1024).contains(&d.shards_per_round) {
+            return bad("shards per round must be within 1..=1024");
+        }
         if md.n_heads == 0 || md.d_model == 0 || !md.d_model.is_multiple_of(md.n_heads) {
             return bad("d_model must be a positive multiple of n_heads");
         }
@@ -524,6 +529,7 @@ pub(crate) mod tests {
                     }],
                     val_permille: 100,
                     shard_bytes: 1 << 20,
+                    shards_per_round: 16,
                     tokenizer: None,
                 },
             },

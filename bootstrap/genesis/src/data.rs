@@ -211,6 +211,7 @@ pub fn build_data(
         files,
         val_permille,
         shard_bytes: 1 << 20,
+        shards_per_round: 1,
         tokenizer: tok_file,
     };
     let dataset = Dataset::new(refs, val_permille, spec.shard_bytes)

@@ -53,6 +53,8 @@ pub struct SwarmSettings {
     pub tokenizer: Option<PathBuf>,
     /// Nominal size of a training shard; `None`: [`default_shard_bytes`].
     pub shard_bytes: Option<u64>,
+    /// Shards a node reads per round.
+    pub shards_per_round: u32,
     pub inner_steps: u32,
     pub batch_size: u32,
     pub inner_lr: f32,
@@ -87,6 +89,7 @@ impl Default for SwarmSettings {
             data: None,
             tokenizer: None,
             shard_bytes: None,
+            shards_per_round: SHARDS_PER_ROUND,
             // H = 25 ended as low as H = 50 at T = 1000 and lost half as much to dropped
             // contributions (docs/bench/HISTORY.md, sixteenth pass).
             inner_steps: 25,
@@ -116,16 +119,21 @@ impl Default for SwarmSettings {
     }
 }
 
-/// The shard size for a recipe: eight times the text a node trains on in a round (so that a
-/// round's windows rarely repeat within its shard), and at least 1 MiB.
+/// Shards a node reads per round by default: its windows come from this many places of the
+/// dataset, so that the nodes' data is alike however the files are ordered.
+pub const SHARDS_PER_ROUND: u32 = 16;
+
+/// The shard size for a recipe: a round's shards together hold eight times the text a node
+/// trains on in a round (so that its windows rarely repeat), and at least 1 MiB.
 pub fn default_shard_bytes(
     inner_steps: u32,
     batch: u32,
     seq_len: usize,
     bytes_per_token: f64,
+    shards_per_round: u32,
 ) -> u64 {
     let round_bytes = inner_steps as f64 * batch as f64 * seq_len as f64 * bytes_per_token;
-    ((8.0 * round_bytes) as u64).max(1 << 20)
+    ((8.0 * round_bytes) as u64).max(1 << 20) / u64::from(shards_per_round.max(1))
 }
 
 /// The burn model config a manifest describes.
@@ -190,8 +198,15 @@ pub fn build_manifest(
         }
         .into());
     }
+    data.shards_per_round = s.shards_per_round;
     data.shard_bytes = s.shard_bytes.unwrap_or_else(|| {
-        default_shard_bytes(s.inner_steps, s.batch_size, cfg.seq_len, bytes_per_token)
+        default_shard_bytes(
+            s.inner_steps,
+            s.batch_size,
+            cfg.seq_len,
+            bytes_per_token,
+            s.shards_per_round,
+        )
     });
     let mut m = Manifest {
         version: MANIFEST_VERSION,

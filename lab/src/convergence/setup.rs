@@ -41,6 +41,8 @@ pub struct Setup {
     pub shards: ShardMode,
     /// The training split's shards when they rotate, as a node cuts its dataset.
     pub rotate_shards: usize,
+    /// Shards a worker reads per round when they rotate.
+    pub shards_per_round: u32,
     /// How a round's contributions are combined (the nodes' own [`round_step`]).
     pub aggregator: Aggregator,
 }
@@ -73,7 +75,13 @@ impl Setup {
         let val = corpus.val_batches(s.batch_size as usize, cfg.seq_len, val_batches);
         // As `swarm init` sizes shards (the byte tokenizer: a token is a byte).
         let shard_bytes = s.shard_bytes.unwrap_or_else(|| {
-            nightshift_bootstrap::default_shard_bytes(s.inner_steps, s.batch_size, cfg.seq_len, 1.0)
+            nightshift_bootstrap::default_shard_bytes(
+                s.inner_steps,
+                s.batch_size,
+                cfg.seq_len,
+                1.0,
+                s.shards_per_round,
+            )
         });
         let rotate_shards = (corpus.train_len() as u64).div_ceil(shard_bytes).max(1) as usize;
         let inner = InnerConfig {
@@ -97,17 +105,25 @@ impl Setup {
             seed: s.init_seed,
             shards: ShardMode::Rotate,
             rotate_shards,
+            shards_per_round: s.shards_per_round,
             aggregator: s.aggregator,
         })
     }
 
-    /// The shard node `node` trains on in `round` when shards rotate: the node's draw
+    /// What node `node` trains on in `round` when shards rotate: its draws
     /// ([`nightshift_model::dataset::shard_for`], seeded by the node's index here) among equal
-    /// cuts of the training split.
-    pub(crate) fn rotating_shard(&self, node: usize, round: u64) -> nightshift_model::Shard {
+    /// cuts of the training split, their tokens joined.
+    pub(crate) fn rotating_corpus(&self, node: usize, round: u64) -> Corpus {
         let n = self.rotate_shards;
-        let i = nightshift_model::dataset::shard_for(&(node as u64).to_le_bytes(), round, n);
-        self.corpus.shard(i, n)
+        let seed = (node as u64).to_le_bytes();
+        let tokens = (0..self.shards_per_round.max(1))
+            .flat_map(|j| {
+                let i = nightshift_model::dataset::shard_for(&seed, round, j, n);
+                let r = self.corpus.shard(i, n).range;
+                self.corpus.train_tokens()[r].to_vec()
+            })
+            .collect();
+        Corpus::from_parts(tokens, vec![])
     }
 
     /// A trainer on `batch_mult`·batch samples per step.

@@ -222,11 +222,15 @@ impl Gpt {
                 *loaded = Hash32::default();
             }
         }
-        let shard = match self.setup.shards {
-            ShardMode::Rotate => self.setup.rotating_shard(node, round),
-            _ => self.shards[node].clone(),
+        let rep = match self.setup.shards {
+            ShardMode::Rotate => {
+                let c = self.setup.rotating_corpus(node, round);
+                t.train(&c, &c.full_shard(), rng, steps, &|| false)
+            }
+            _ => t.train(&self.setup.corpus, &self.shards[node], rng, steps, &|| {
+                false
+            }),
         };
-        let rep = t.train(&self.setup.corpus, &shard, rng, steps, &|| false);
         Steps {
             params: t.params(),
             mean_loss: rep.mean_loss,

@@ -313,11 +313,19 @@ impl<B: AutodiffBackend> Driver<B> {
         let me = opts.key.verifying_key().to_bytes();
         let seed = u64::from_le_bytes(me[..8].try_into().unwrap_or_default())
             ^ state.round.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let feed = feed::Feed::new(dataset, tok, cfg.seq_len, me, opts.shard)?;
+        let feed = feed::Feed::new(
+            dataset,
+            tok,
+            cfg.seq_len,
+            me,
+            opts.shard,
+            m.training.data.shards_per_round,
+        )?;
         info!(
             shards = feed.shard_count(),
             drawn_from = feed.allowed_count(),
-            "training data: a new shard every round"
+            per_round = m.training.data.shards_per_round,
+            "training data: new shards every round"
         );
         let mut compute = Compute {
             trainer,

@@ -18,7 +18,12 @@ pub use common::shutdown_signal;
 
 /// nightshift: idle machines train one model together over libp2p with DiLoCo.
 #[derive(Parser, Debug)]
-#[command(name = "nightshift", version, about)]
+#[command(
+    name = "nightshift",
+    version,
+    about = "nightshift: idle machines train one model together over libp2p with DiLoCo.\n\
+             Start with `nightshift demo`; when a node does not train, `nightshift doctor` says why."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -46,8 +51,9 @@ pub enum Command {
     Status(control::ControlArgs),
     /// List the swarm's nodes with their advertised windows and state.
     Peers(peers::PeersArgs),
-    /// Check whether this machine can take part: its device, and whether peers can reach it
-    /// (directly, or through a bootstrap node's relay behind a NAT), with what to do if not.
+    /// Check whether this machine can take part, and if not why, with what to do: its devices
+    /// (CPU, memory, NVIDIA GPUs, CUDA), the idle sources, the data directory and the swarm's
+    /// data, the listen port, whether peers can reach it, and its clock against theirs.
     Doctor(doctor::DoctorArgs),
     /// Write the swarm's model, as a stopped node holds it, in Hugging Face's GPT-2 layout:
     /// safetensors weights, config.json and tokenizer.json (`transformers` loads it).

@@ -31,10 +31,15 @@ pub struct SwarmFlags {
     /// file. Default: the byte tokenizer (each distinct byte of the data is a token).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Size of a training shard in MiB: each round every node reads one shard, a new one chosen
-    /// from its key and the round. Default: eight rounds' worth of a node's text, at least 1.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
-    pub shard_mb: Option<u32>,
+    /// Size of a training shard in KiB. Default: a round's shards hold eight times the text a
+    /// node trains on in a round, and at least 1 MiB together.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(4..=1 << 24))]
+    pub shard_kib: Option<u32>,
+    /// Shards each node reads per round, drawn anew every round from its key and the round:
+    /// more shards mix more of the dataset into every node's round.
+    #[arg(long, default_value_t = SwarmSettings::default().shards_per_round,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub shards_per_round: u32,
     /// H: inner steps each node trains per round before the contributions are averaged.
     #[arg(long, default_value_t = SwarmSettings::default().inner_steps)]
     pub inner_steps: u32,
@@ -91,7 +96,8 @@ impl SwarmFlags {
             preset: self.preset.clone(),
             data: self.data.clone(),
             tokenizer: self.tokenizer.clone(),
-            shard_bytes: self.shard_mb.map(|m| u64::from(m) << 20),
+            shard_bytes: self.shard_kib.map(|k| u64::from(k) << 10),
+            shards_per_round: self.shards_per_round,
             inner_steps: self.inner_steps,
             batch_size: self.batch_size,
             inner_lr: self.inner_lr,

@@ -184,6 +184,7 @@ pub(crate) fn manifests() -> Vec<Manifest> {
                 }],
                 val_permille: 50,
                 shard_bytes: 1 << 20,
+                shards_per_round: 16,
                 tokenizer: None,
             },
         },
@@ -246,7 +247,7 @@ pub(crate) fn tweak_manifest(rng: &mut Rng, m: &mut Manifest) {
             *rng.pick(&f32s)
         }
     };
-    match rng.below(27) {
+    match rng.below(28) {
         0 => m.version = *rng.pick(&[0, 1, 2, 3, 5, u32::MAX]),
         1 => m.model.vocab = vec![b'a'; *rng.pick(&[0usize, 1, 256, 257])],
         2 => m.model.d_model = *rng.pick(&u32s),
@@ -298,6 +299,7 @@ pub(crate) fn tweak_manifest(rng: &mut Rng, m: &mut Manifest) {
             ];
         }
         25 => m.training.data.shard_bytes = *rng.pick(&[0, 1, 4095, 4096, u64::MAX]),
+        26 => m.training.data.shards_per_round = *rng.pick(&[0, 1, 1024, 1025, u32::MAX]),
         _ => m.name = "n".repeat(*rng.pick(&[0, 1, 256, 4096])),
     }
 }

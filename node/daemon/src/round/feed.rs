@@ -1,8 +1,8 @@
-//! What a node trains on: each round one shard of the swarm's dataset, chosen from the node's
-//! key and the round, read from disk and tokenized when the round starts (the last one is kept
-//! while it is chosen again).
+//! What a node trains on: each round a few shards of the swarm's dataset, drawn from the node's
+//! key and the round, read from disk and tokenized when the round starts (the last round's text
+//! is kept while the same shards are drawn again).
 
-use nightshift_model::dataset::{Dataset, shard_for};
+use nightshift_model::dataset::{DOCUMENT_SEPARATOR, Dataset, shard_for};
 use nightshift_model::{Corpus, Shard, Tokenizer};
 
 /// The shards this node draws from, and the one loaded.
@@ -14,7 +14,9 @@ pub(super) struct Feed {
     key: [u8; 32],
     /// The shards this node may train on (all, or every COUNT-th from INDEX with `--shard`).
     allowed: Vec<usize>,
-    loaded: Option<(usize, Corpus)>,
+    /// Shards read per round.
+    per_round: u32,
+    loaded: Option<(Vec<usize>, Corpus)>,
 }
 
 impl Feed {
@@ -26,6 +28,7 @@ impl Feed {
         seq_len: usize,
         key: [u8; 32],
         only: Option<(usize, usize)>,
+        per_round: u32,
     ) -> anyhow::Result<Self> {
         let n = dataset.shards().len();
         let allowed: Vec<usize> = match only {
@@ -45,6 +48,7 @@ impl Feed {
             seq_len,
             key,
             allowed,
+            per_round: per_round.max(1),
             loaded: None,
         })
     }
@@ -59,39 +63,38 @@ impl Feed {
         self.allowed.len()
     }
 
-    /// The training tokens for `round`: its shard, loaded unless it is the one held. A shard too
-    /// short for one window gives way to the next allowed one.
+    /// The training tokens for `round`: the text of its shards, joined (loaded unless they are
+    /// the ones held).
     ///
     /// # Errors
-    /// A file that cannot be read any more, or text the tokenizer refuses.
+    /// A file that cannot be read any more, text the tokenizer refuses, or shards that hold
+    /// less than one window.
     pub(super) fn for_round(&mut self, round: u64) -> Result<(&Corpus, Shard), String> {
-        let first = shard_for(&self.key, round, self.allowed.len());
-        let mut usable = false;
-        for k in 0..self.allowed.len() {
-            let index = self.allowed[(first + k) % self.allowed.len()];
-            if self.loaded.as_ref().is_none_or(|(i, _)| *i != index) {
-                let text = self
-                    .dataset
-                    .shard_text(index)
-                    .map_err(|e| format!("cannot read shard {index} of the dataset: {e}"))?;
-                let tokens = self
-                    .tok
-                    .encode(&text)
-                    .map_err(|e| format!("shard {index} of the dataset: {e}"))?;
-                self.loaded = Some((index, Corpus::from_parts(tokens, vec![])));
+        let n = self.allowed.len();
+        let drawn: Vec<usize> = (0..self.per_round)
+            .map(|j| self.allowed[shard_for(&self.key, round, j, n)])
+            .collect();
+        if self.loaded.as_ref().is_none_or(|(held, _)| *held != drawn) {
+            let mut text = Vec::new();
+            for &index in &drawn {
+                if !text.is_empty() {
+                    text.extend_from_slice(DOCUMENT_SEPARATOR);
+                }
+                text.extend(
+                    self.dataset
+                        .shard_text(index)
+                        .map_err(|e| format!("cannot read shard {index} of the dataset: {e}"))?,
+                );
             }
-            if self
-                .loaded
-                .as_ref()
-                .is_some_and(|(_, c)| c.train_len() > self.seq_len + 1)
-            {
-                usable = true;
-                break;
-            }
+            let tokens = self
+                .tok
+                .encode(&text)
+                .map_err(|e| format!("the dataset's shards {drawn:?}: {e}"))?;
+            self.loaded = Some((drawn, Corpus::from_parts(tokens, vec![])));
         }
-        if let (true, Some((_, c))) = (usable, &self.loaded) {
-            return Ok((c, c.full_shard()));
+        match &self.loaded {
+            Some((_, c)) if c.train_len() > self.seq_len + 1 => Ok((c, c.full_shard())),
+            _ => Err("this round's shards hold less than one window".into()),
         }
-        Err("no shard of the dataset holds a whole window".into())
     }
 }
