@@ -507,27 +507,36 @@ SHARDS = BENCH / "shards"
 
 def shard_rows():
     """Which node trains on what: DiLoCo's final loss against sync on a small and a large corpus."""
+    corpora = [
+        ("small", "small-rotate1", "0.8 MB: the first 799,998 bytes of the embedded Shakespeare"),
+        ("large, files shuffled", "shuffled-rotate16",
+         "50.0 MB: 2,335 Rust source files of the crate registry in a random order"),
+        ("large, files in name order", "large-rotate1",
+         "50.4 MB: 2,868 Rust source files of the crate registry in name order (the validation "
+         "tail is the last crates: unlike the rest)"),
+    ]
+    names = {"rotate16": "**16 rotating shards a round** (shipped)",
+             "rotate1": "1 rotating shard a round",
+             "whole": "whole split", "contiguous": "contiguous quarters (the demo before)"}
     rows = []
-    for corpus, about in [("small", "0.8 MB: the first 799,998 bytes of the embedded Shakespeare (1 shard)"),
-                          ("large", "50.4 MB: 2,868 Rust source files of the crate registry, "
-                                    "concatenated (48 shards of 1 MiB)")]:
-        base = f"docs/bench/shards/{corpus}-rotate-s42.json"
+    for corpus, base_name, about in corpora:
+        base = f"docs/bench/shards/{base_name}-s42.json"
         if not (ROOT / base).exists():
             continue
-        rs = runs(base)
-        sync = next(r for r in rs if r["name"].startswith("sync"))["final_val_loss"]
+        sync = next(r for r in runs(base) if r["name"].startswith("sync"))["final_val_loss"]
+        prefix = base_name.split("-")[0]
         cells = []
-        for mode in ["rotate", "whole", "contiguous"]:
-            path = f"docs/bench/shards/{corpus}-{mode}-s42.json"
+        for mode in ["rotate16", "rotate1", "whole", "contiguous"]:
+            path = f"docs/bench/shards/{prefix}-{mode}-s42.json"
             if not (ROOT / path).exists():
                 continue
             d = next(r for r in runs(path) if r["name"].startswith("diloco"))
             loss = d["final_val_loss"]
-            name = {"rotate": "**rotating shards** (shipped)", "whole": "whole split",
-                    "contiguous": "contiguous quarters (the demo before)"}[mode]
-            cells.append(f"{name}: {loss:.4f}, **{loss / sync:.3f}×**")
+            cells.append(f"{names[mode]}: {loss:.4f}, **{loss / sync:.3f}×**")
+        if prefix == "small":
+            cells.append("(the corpus is one 1 MiB shard: 1 rotating shard is the whole split)")
         rows.append([corpus, about, f"sync k=4: {sync:.4f}", "42", "; ".join(cells),
-                     f"③ · {commit_of(base, '?')} · `docs/bench/shards/{corpus}-*-s42.json`"])
+                     f"③ · {commit_of(base, '?')} · `docs/bench/shards/{prefix}-*-s42.json`"])
     return rows
 
 
@@ -581,19 +590,25 @@ def page():
         "",
         "## Which node trains on what: shards on a small and a large corpus",
         "",
-        "Each round every node reads one shard of the training part, drawn from its key and the "
-        "round (`swarm init` sizes shards at eight rounds of a node's text, at least 1 MiB). "
-        "Against every node sampling the whole training split (not possible once a dataset is "
+        "Each round every node reads 16 shards of the training part, drawn from its key, the "
+        "round and the draw (`swarm init` sizes them so that a round's 16 hold eight rounds of "
+        "a node's text, at least 1 MiB together: 64 KiB each here). Against one shard a round "
+        "(1 MiB), every node sampling the whole training split (not possible once a dataset is "
         "streamed rather than loaded), and each node training on its own contiguous quarter "
         "every round (what the demo did before). DiLoCo K = 4, H = 25, 1,000 steps a node, the "
         "shipped recipe, through the simulator; the ratio is to synchronous training of the same "
-        "tokens on the same corpus.",
+        "tokens on the same corpus. One seed each.",
         "",
         table(["corpus", "data", "baseline", "seed", "DiLoCo final loss, ratio to sync",
                "command · commit · data"], shard_rows()),
         "",
         "③ `RAYON_NUM_THREADS=1 nightshift-lab convergence --runs sync,diloco --k 4 --h 25 "
-        "--shards rotate|whole|contiguous --data FILE --seed 42`",
+        "--shards rotate|whole|contiguous --data FILE --seed 42` (1 rotating shard: at "
+        "e5b8293, before `--shards-per-round`; two runs at a time on the 2 cores, one thread "
+        "each). The corpora are not in the repository: `small` is "
+        "`head -c 799998 model/data/shakespeare.txt`; the large ones concatenate the UTF-8 "
+        "`*.rs` files under `~/.cargo/registry/src/*/*/src/` (sorted by path, or shuffled with "
+        "Python's `random.Random(42)`) until 50 MB.",
         "",
         "## Throughput of the inner loop",
         "",

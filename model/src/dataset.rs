@@ -61,17 +61,31 @@ pub const DOCUMENT_SEPARATOR: &[u8] = b"\n\n";
 /// The longest line a JSON-lines file may hold.
 pub const MAX_LINE_BYTES: u64 = 16 << 20;
 
-/// A dataset's files, cut into training shards and a validation tail.
+/// One file's part of the training shards.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// The file's bytes before the validation tail (a nominal cut).
+    train: u64,
+    /// `train`, moved to a clean cut.
+    cut: u64,
+    /// Its shards, and the index of the first.
+    shards: u64,
+    first: u64,
+}
+
+/// A dataset's files, cut into training shards and a validation tail. The shards' cuts are
+/// found when a shard is read, so a dataset of millions of shards costs memory per file only.
 #[derive(Clone, Debug)]
 pub struct Dataset {
     files: Vec<DataFile>,
-    shards: Vec<Span>,
+    plans: Vec<Plan>,
+    shard_count: u64,
     val: Vec<Span>,
 }
 
 impl Dataset {
     /// Cuts `files` into shards of at most `shard_bytes` and a validation tail of
-    /// `val_permille` thousandths. Reads each file's bytes only around the cuts.
+    /// `val_permille` thousandths. Reads each file's bytes only around the validation cut.
     ///
     /// # Errors
     /// A file that cannot be read.
@@ -81,7 +95,8 @@ impl Dataset {
         let train_end = total - val_bytes;
         let mut d = Dataset {
             files,
-            shards: vec![],
+            plans: vec![],
+            shard_count: 0,
             val: vec![],
         };
         let shard_bytes = shard_bytes.max(1);
@@ -91,25 +106,18 @@ impl Dataset {
             // This file's bytes before the validation tail.
             let train = train_end.saturating_sub(offset).min(len);
             let cut = d.align(i, train)?;
-            if train > 0 {
-                let n = train.div_ceil(shard_bytes);
-                let mut start = 0;
-                for k in 1..=n {
-                    let end = if k == n {
-                        cut
-                    } else {
-                        d.align(i, train * k / n)?
-                    };
-                    if end > start {
-                        d.shards.push(Span {
-                            file: i,
-                            start,
-                            end,
-                        });
-                    }
-                    start = end;
-                }
-            }
+            let shards = if cut > 0 {
+                train.div_ceil(shard_bytes).max(1)
+            } else {
+                0
+            };
+            d.plans.push(Plan {
+                train,
+                cut,
+                shards,
+                first: d.shard_count,
+            });
+            d.shard_count += shards;
             if cut < len {
                 d.val.push(Span {
                     file: i,
@@ -122,9 +130,40 @@ impl Dataset {
         Ok(d)
     }
 
-    /// The training shards.
-    pub fn shards(&self) -> &[Span] {
-        &self.shards
+    /// How many training shards there are.
+    pub fn shard_count(&self) -> usize {
+        self.shard_count as usize
+    }
+
+    /// Where training shard `i` lies (it may be empty, where cuts fall together).
+    ///
+    /// # Errors
+    /// A file that cannot be read, or an index out of range.
+    pub fn shard_span(&self, i: usize) -> std::io::Result<Span> {
+        let i = i as u64;
+        if i >= self.shard_count {
+            return Err(std::io::Error::other(format!(
+                "shard {i} of a dataset of {} shards",
+                self.shard_count
+            )));
+        }
+        let file = self.plans.partition_point(|p| p.first + p.shards <= i);
+        let p = self.plans[file];
+        let k = i - p.first;
+        let at = |k: u64| -> std::io::Result<u64> {
+            if k == 0 {
+                Ok(0)
+            } else if k == p.shards {
+                Ok(p.cut)
+            } else {
+                Ok(self.align(file, p.train * k / p.shards)?.min(p.cut))
+            }
+        };
+        Ok(Span {
+            file,
+            start: at(k)?,
+            end: at(k + 1)?,
+        })
     }
 
     /// The validation tail.
@@ -143,13 +182,7 @@ impl Dataset {
     /// # Errors
     /// A file that cannot be read, or a shard index out of range.
     pub fn shard_text(&self, i: usize) -> std::io::Result<Vec<u8>> {
-        let span = *self.shards.get(i).ok_or_else(|| {
-            std::io::Error::other(format!(
-                "shard {i} of a dataset of {} shards",
-                self.shards.len()
-            ))
-        })?;
-        self.text(span)
+        self.text(self.shard_span(i)?)
     }
 
     /// The text of the validation tail's first `max_bytes` (or so: whole documents).
@@ -226,7 +259,7 @@ impl Dataset {
             return Ok(pos.min(f.bytes));
         }
         let mut at = pos;
-        let step = 64 << 10;
+        let mut step = 1 << 10;
         while at < f.bytes && at - pos <= MAX_LINE_BYTES {
             // For a line start, look from the byte before `pos`.
             let from = if f.format == Format::JsonLines && at == pos {
@@ -243,6 +276,7 @@ impl Dataset {
                 return Ok((from + p as u64).min(f.bytes));
             }
             at = from + chunk.len() as u64;
+            step = (step * 2).min(1 << 20);
         }
         Ok(at.min(f.bytes))
     }
@@ -329,21 +363,24 @@ mod tests {
         )
         .unwrap();
         // File 0 is all training (5 shards); the validation tail lies in file 1.
-        assert_eq!(d.shards().iter().filter(|s| s.file == 0).count(), 5);
+        let spans: Vec<Span> = (0..d.shard_count())
+            .map(|i| d.shard_span(i).unwrap())
+            .collect();
+        assert_eq!(spans.iter().filter(|s| s.file == 0).count(), 5);
         let mut covered = vec![0u64; 2];
-        for s in d.shards().iter().chain(d.val_spans()) {
+        for s in spans.iter().chain(d.val_spans()) {
             assert_eq!(s.start, covered[s.file], "spans are contiguous");
             covered[s.file] = s.end;
         }
         assert_eq!(covered, vec![a.len() as u64, lines.len() as u64]);
-        for i in 0..d.shards().len() {
+        for i in 0..d.shard_count() {
             let t = d.shard_text(i).unwrap();
             assert!(
                 std::str::from_utf8(&t).is_ok(),
                 "shard {i} cut inside a character"
             );
         }
-        let json_shard = d.shards().iter().position(|s| s.file == 1).unwrap();
+        let json_shard = spans.iter().position(|s| s.file == 1).unwrap();
         let t = String::from_utf8(d.shard_text(json_shard).unwrap()).unwrap();
         assert!(t.starts_with("doc 0\n\ndoc 1"), "{t}");
         let v = String::from_utf8(d.val_text(1 << 20).unwrap()).unwrap();

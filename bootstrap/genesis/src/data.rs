@@ -232,7 +232,7 @@ fn byte_tokenizer(refs: &[FileRef]) -> Result<Tokenizer, GenesisError> {
     // One dataset over all files, cut into pieces that are read one at a time.
     let all =
         Dataset::new(refs.to_vec(), 0, 16 << 20).map_err(|e| io_err(Path::new("dataset"), e))?;
-    for i in 0..all.shards().len() {
+    for i in 0..all.shard_count() {
         let text = all
             .shard_text(i)
             .map_err(|e| io_err(Path::new("dataset"), e))?;

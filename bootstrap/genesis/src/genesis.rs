@@ -51,10 +51,10 @@ pub struct SwarmSettings {
     pub data: Option<PathBuf>,
     /// A Hugging Face `tokenizer.json`; `None`: the byte tokenizer.
     pub tokenizer: Option<PathBuf>,
-    /// Nominal size of a training shard; `None`: [`default_shard_bytes`].
+    /// Nominal size of a training shard; `None`: [`default_shards`].
     pub shard_bytes: Option<u64>,
-    /// Shards a node reads per round.
-    pub shards_per_round: u32,
+    /// Shards a node reads per round; `None`: [`default_shards`].
+    pub shards_per_round: Option<u32>,
     pub inner_steps: u32,
     pub batch_size: u32,
     pub inner_lr: f32,
@@ -89,7 +89,7 @@ impl Default for SwarmSettings {
             data: None,
             tokenizer: None,
             shard_bytes: None,
-            shards_per_round: SHARDS_PER_ROUND,
+            shards_per_round: None,
             // H = 25 ended as low as H = 50 at T = 1000 and lost half as much to dropped
             // contributions (docs/bench/HISTORY.md, sixteenth pass).
             inner_steps: 25,
@@ -119,21 +119,26 @@ impl Default for SwarmSettings {
     }
 }
 
-/// Shards a node reads per round by default: its windows come from this many places of the
-/// dataset, so that the nodes' data is alike however the files are ordered.
-pub const SHARDS_PER_ROUND: u32 = 16;
+/// Most shards a node reads per round.
+pub const MAX_SHARDS_PER_ROUND: u32 = 1024;
+/// The smallest default shard.
+pub const MIN_SHARD_BYTES: u64 = 4096;
 
-/// The shard size for a recipe: a round's shards together hold eight times the text a node
-/// trains on in a round (so that its windows rarely repeat), and at least 1 MiB.
-pub fn default_shard_bytes(
+/// How a recipe's data is cut by default: (shard bytes, shards per round). A node's round reads
+/// about one shard per window it trains on (H × batch, at most [`MAX_SHARDS_PER_ROUND`]), so
+/// that its windows come from as many places of the dataset as if each were drawn from all of
+/// it; together they hold eight times the round's text (so that windows rarely repeat), and a
+/// shard at least [`MIN_SHARD_BYTES`].
+pub fn default_shards(
     inner_steps: u32,
     batch: u32,
     seq_len: usize,
     bytes_per_token: f64,
-    shards_per_round: u32,
-) -> u64 {
+) -> (u64, u32) {
+    let per_round = (inner_steps.saturating_mul(batch)).clamp(1, MAX_SHARDS_PER_ROUND);
     let round_bytes = inner_steps as f64 * batch as f64 * seq_len as f64 * bytes_per_token;
-    ((8.0 * round_bytes) as u64).max(1 << 20) / u64::from(shards_per_round.max(1))
+    let shard = ((8.0 * round_bytes) as u64 / u64::from(per_round)).max(MIN_SHARD_BYTES);
+    (shard, per_round)
 }
 
 /// The burn model config a manifest describes.
@@ -198,16 +203,10 @@ pub fn build_manifest(
         }
         .into());
     }
-    data.shards_per_round = s.shards_per_round;
-    data.shard_bytes = s.shard_bytes.unwrap_or_else(|| {
-        default_shard_bytes(
-            s.inner_steps,
-            s.batch_size,
-            cfg.seq_len,
-            bytes_per_token,
-            s.shards_per_round,
-        )
-    });
+    let (shard, per_round) =
+        default_shards(s.inner_steps, s.batch_size, cfg.seq_len, bytes_per_token);
+    data.shard_bytes = s.shard_bytes.unwrap_or(shard);
+    data.shards_per_round = s.shards_per_round.unwrap_or(per_round);
     let mut m = Manifest {
         version: MANIFEST_VERSION,
         name: s.name.clone(),

@@ -15,8 +15,7 @@ pub mod keys;
 
 pub use data::{load_data, load_tokenizer};
 pub use genesis::{
-    GenesisError, SHARDS_PER_ROUND, SwarmSettings, build_manifest, default_shard_bytes,
-    genesis_state, model_config,
+    GenesisError, SwarmSettings, build_manifest, default_shards, genesis_state, model_config,
 };
 pub use keys::{
     KeyError, generate_key, generate_psk, parse_swarm_key, read_key, read_swarm_key, write_key,

@@ -74,15 +74,9 @@ impl Setup {
         let shapes = flat::param_shapes::<CpuTrain, _>(&model);
         let val = corpus.val_batches(s.batch_size as usize, cfg.seq_len, val_batches);
         // As `swarm init` sizes shards (the byte tokenizer: a token is a byte).
-        let shard_bytes = s.shard_bytes.unwrap_or_else(|| {
-            nightshift_bootstrap::default_shard_bytes(
-                s.inner_steps,
-                s.batch_size,
-                cfg.seq_len,
-                1.0,
-                s.shards_per_round,
-            )
-        });
+        let (shard, per_round) =
+            nightshift_bootstrap::default_shards(s.inner_steps, s.batch_size, cfg.seq_len, 1.0);
+        let shard_bytes = s.shard_bytes.unwrap_or(shard);
         let rotate_shards = (corpus.train_len() as u64).div_ceil(shard_bytes).max(1) as usize;
         let inner = InnerConfig {
             lr: s.inner_lr as f64,
@@ -105,7 +99,7 @@ impl Setup {
             seed: s.init_seed,
             shards: ShardMode::Rotate,
             rotate_shards,
-            shards_per_round: s.shards_per_round,
+            shards_per_round: s.shards_per_round.unwrap_or(per_round),
             aggregator: s.aggregator,
         })
     }

@@ -63,7 +63,7 @@ fn a_tiny_diloco_swarm_learns_through_the_simulator_and_counts_its_bytes() {
         data: None,
         tokenizer: None,
         shard_kib: None,
-        shards_per_round: 16,
+        shards_per_round: None,
         inner_steps: 25,
         codec: DeltaCodec::Int8 { block: 64 },
         batch_size: 8,

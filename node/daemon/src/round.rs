@@ -186,6 +186,8 @@ struct Driver<B: AutodiffBackend> {
     /// Our measured inner-loop throughput (tokens/s), once a round has run.
     tokens_per_sec: Option<f64>,
     window_published: Option<(WindowState, Instant)>,
+    /// The peers' advertised windows as last looked up (for `/status` and the dashboard).
+    peer_windows: windows::PeerWindows,
     control_info: Option<Arc<RwLock<serde_json::Value>>>,
     /// The round under way, for its record.
     round: Option<trainer::RoundClock>,
@@ -448,6 +450,7 @@ impl<B: AutodiffBackend> Driver<B> {
             device: device_info::<B>(),
             tokens_per_sec: None,
             window_published: None,
+            peer_windows: Default::default(),
             control_info: opts.control_info.inspect(|info| {
                 net::show_reachability(reach.clone(), info.clone());
             }),

@@ -32,14 +32,14 @@ pub struct SwarmFlags {
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Size of a training shard in KiB. Default: a round's shards hold eight times the text a
-    /// node trains on in a round, and at least 1 MiB together.
+    /// node trains on in a round, and at least 4 KiB each.
     #[arg(long, value_parser = clap::value_parser!(u32).range(4..=1 << 24))]
     pub shard_kib: Option<u32>,
-    /// Shards each node reads per round, drawn anew every round from its key and the round:
-    /// more shards mix more of the dataset into every node's round.
-    #[arg(long, default_value_t = SwarmSettings::default().shards_per_round,
-          value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub shards_per_round: u32,
+    /// Shards each node reads per round, drawn anew every round from its key and the round.
+    /// Default: one per window a node trains on in a round (inner steps × batch), at most 1024,
+    /// so that its windows come from all over the dataset.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub shards_per_round: Option<u32>,
     /// H: inner steps each node trains per round before the contributions are averaged.
     #[arg(long, default_value_t = SwarmSettings::default().inner_steps)]
     pub inner_steps: u32,

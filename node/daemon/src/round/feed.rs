@@ -30,7 +30,7 @@ impl Feed {
         only: Option<(usize, usize)>,
         per_round: u32,
     ) -> anyhow::Result<Self> {
-        let n = dataset.shards().len();
+        let n = dataset.shard_count();
         let allowed: Vec<usize> = match only {
             Some((i, count)) => (0..n).filter(|s| s % count == i).collect(),
             None => (0..n).collect(),
@@ -55,7 +55,7 @@ impl Feed {
 
     /// The dataset's shards (for logs).
     pub(super) fn shard_count(&self) -> usize {
-        self.dataset.shards().len()
+        self.dataset.shard_count()
     }
 
     /// How many shards this node draws from.
@@ -96,5 +96,48 @@ impl Feed {
             Some((_, c)) if c.train_len() > self.seq_len + 1 => Ok((c, c.full_shard())),
             _ => Err("this round's shards hold less than one window".into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nightshift_model::dataset::{DataFile, Format, Source};
+    use std::sync::Arc;
+
+    fn feed(only: Option<(usize, usize)>, per_round: u32) -> anyhow::Result<Feed> {
+        let text: String = (0..2000).map(|i| format!("line {i}\n")).collect();
+        let tok = Tokenizer::from_corpus(text.as_bytes());
+        let file = DataFile {
+            bytes: text.len() as u64,
+            source: Source::Memory(Arc::from(text.into_bytes())),
+            format: Format::Text,
+        };
+        // About 17 KB of training text in shards of 4 KiB.
+        let dataset = Dataset::new(vec![file], 100, 4096)?;
+        Feed::new(dataset, tok, 16, [7; 32], only, per_round)
+    }
+
+    #[test]
+    fn a_round_joins_its_shards_and_a_restricted_node_draws_only_its_own() {
+        let mut f = feed(None, 4).unwrap();
+        assert_eq!(f.shard_count(), 5);
+        let a = f.for_round(3).unwrap().0.train_tokens().to_vec();
+        // Four shards of about 3.5 KB each, joined.
+        assert!(a.len() > 3 * 3400 && a.len() < 4 * 4200, "{}", a.len());
+        assert_eq!(a, f.for_round(3).unwrap().0.train_tokens());
+        let others = (4..10)
+            .filter(|r| f.for_round(*r).unwrap().0.train_tokens() != a.as_slice())
+            .count();
+        assert!(others >= 5, "rounds draw anew");
+
+        let mut odd = feed(Some((1, 2)), 1).unwrap();
+        assert_eq!(odd.allowed_count(), 2);
+        for r in 0..20 {
+            odd.for_round(r).unwrap();
+            assert!(odd.loaded.as_ref().unwrap().0.iter().all(|s| s % 2 == 1));
+        }
+        let err = feed(Some((7, 8)), 1).err().unwrap().to_string();
+        assert!(err.contains("--shard 7/8"), "{err}");
     }
 }

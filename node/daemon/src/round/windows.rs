@@ -5,6 +5,10 @@ use super::*;
 use nightshift_protocol::WindowRecord;
 use nightshift_protocol::message::sign_window;
 
+/// The peers' window records as last looked up, by key.
+pub(super) type PeerWindows =
+    Arc<Mutex<std::collections::HashMap<crate::machine::Key, WindowRecord>>>;
+
 /// How often an unchanged window record is re-published.
 const WINDOW_REFRESH_SECS: u64 = 60;
 
@@ -195,12 +199,21 @@ impl<B: AutodiffBackend> Driver<B> {
             if let Ok(r) = self.io.net.reach.read() {
                 obj["network"] = serde_json::to_value(&*r).unwrap_or_default();
             }
-            obj["peers"] = self
-                .m
-                .peer_view()
+            let view = self.m.peer_view();
+            let windows = self.peer_windows.lock().ok().map(|mut w| {
+                // Only the peers the machine still knows: the map stays as small as they are.
+                w.retain(|k, _| view.iter().any(|(p, ..)| p == k));
+                w.clone()
+            });
+            obj["peers"] = view
                 .into_iter()
                 .map(|(k, connected, s, speed)| {
+                    let w = windows.as_ref().and_then(|w| w.get(&k));
                     serde_json::json!({
+                        "device": w.map(|w| w.device_name.clone()),
+                        "memory_bytes": w.map(|w| w.memory_bytes),
+                        "window": w.map(|w| format!("{:?}", w.state).to_lowercase()),
+                        "open_until": w.and_then(|w| w.open_until),
                         "key": hex::encode(&k[..6]),
                         "connected": connected,
                         "role": s.map(|s| format!("{:?}", s.role).to_lowercase()),
@@ -226,11 +239,13 @@ impl<B: AutodiffBackend> Driver<B> {
         self.look_up_windows(self.m.trainer_keys());
     }
 
-    /// Fetches these peers' window records in the background; their speeds go to the machine.
+    /// Fetches these peers' window records in the background; their speeds go to the machine,
+    /// the records to [`PeerWindows`].
     pub(super) fn look_up_windows(&self, peers: Vec<crate::machine::Key>) {
         let net = self.io.net.clone();
         let answers = self.io.answers();
         let swarm = self.swarm_id;
+        let seen = self.peer_windows.clone();
         tokio::spawn(async move {
             for key in peers {
                 let got = tokio::time::timeout(
@@ -245,6 +260,9 @@ impl<B: AutodiffBackend> Driver<B> {
                         from: key,
                         tokens_per_sec: f64::from(rec.tokens_per_sec),
                     });
+                    if let Ok(mut seen) = seen.lock() {
+                        seen.insert(key, rec);
+                    }
                 }
             }
         });

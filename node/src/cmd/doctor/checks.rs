@@ -401,7 +401,7 @@ fn swarm(m: &SignedManifest, data: Option<&Path>, tokenizer: Option<&Path>) -> V
                 data.map_or_else(|| d.name.clone(), |p| p.display().to_string()),
                 d.files.len(),
                 d.bytes() as f64 / 1e6,
-                dataset.shards().len(),
+                dataset.shard_count(),
                 if tok.byte_vocab().is_some() {
                     format!("{} byte", tok.len())
                 } else {
