@@ -515,8 +515,9 @@ def shard_rows():
          "50.4 MB: 2,868 Rust source files of the crate registry in name order (the validation "
          "tail is the last crates: unlike the rest)"),
     ]
-    names = {"rotate16": "**16 rotating shards a round** (shipped)",
-             "rotate1": "1 rotating shard a round",
+    names = {"rotate400": "**a rotating 4 KiB shard per window** (shipped: 400 a round)",
+             "rotate16": "16 rotating 64 KiB shards a round",
+             "rotate1": "1 rotating 1 MiB shard a round",
              "whole": "whole split", "contiguous": "contiguous quarters (the demo before)"}
     rows = []
     for corpus, base_name, about in corpora:
@@ -526,7 +527,7 @@ def shard_rows():
         sync = next(r for r in runs(base) if r["name"].startswith("sync"))["final_val_loss"]
         prefix = base_name.split("-")[0]
         cells = []
-        for mode in ["rotate16", "rotate1", "whole", "contiguous"]:
+        for mode in ["rotate400", "rotate16", "rotate1", "whole", "contiguous"]:
             path = f"docs/bench/shards/{prefix}-{mode}-s42.json"
             if not (ROOT / path).exists():
                 continue
@@ -590,12 +591,14 @@ def page():
         "",
         "## Which node trains on what: shards on a small and a large corpus",
         "",
-        "Each round every node reads 16 shards of the training part, drawn from its key, the "
-        "round and the draw (`swarm init` sizes them so that a round's 16 hold eight rounds of "
-        "a node's text, at least 1 MiB together: 64 KiB each here). Against one shard a round "
-        "(1 MiB), every node sampling the whole training split (not possible once a dataset is "
-        "streamed rather than loaded), and each node training on its own contiguous quarter "
-        "every round (what the demo did before). DiLoCo K = 4, H = 25, 1,000 steps a node, the "
+        "Each round every node reads one shard of the training part per window it trains on "
+        "(H × batch = 400 here, at most 1,024), each drawn from its key, the round and the draw; "
+        "`swarm init` sizes them so that together they hold eight rounds of a node's text, at "
+        "least 4 KiB each (4 KiB here). Against fewer, larger shards a round (16 of 64 KiB, 1 of "
+        "1 MiB: measured first), every node sampling the whole training split (not possible once "
+        "a dataset is streamed rather than loaded), and each node training on its own contiguous "
+        "quarter every round (what the demo did before; it needs to know the swarm's size and "
+        "the node's place in it, which an open swarm does not have). DiLoCo K = 4, H = 25, 1,000 steps a node, the "
         "shipped recipe, through the simulator; the ratio is to synchronous training of the same "
         "tokens on the same corpus. One seed each.",
         "",
@@ -604,7 +607,7 @@ def page():
         "",
         "③ `RAYON_NUM_THREADS=1 nightshift-lab convergence --runs sync,diloco --k 4 --h 25 "
         "--shards rotate|whole|contiguous --data FILE --seed 42` (1 rotating shard: at "
-        "e5b8293, before `--shards-per-round`; two runs at a time on the 2 cores, one thread "
+        "e5b8293, before `--shards-per-round`; 16: d0321f6; 400: 7def8cd; two runs at a time on the 2 cores, one thread "
         "each). The corpora are not in the repository: `small` is "
         "`head -c 799998 model/data/shakespeare.txt`; the large ones concatenate the UTF-8 "
         "`*.rs` files under `~/.cargo/registry/src/*/*/src/` (sorted by path, or shuffled with "
@@ -640,7 +643,8 @@ def page():
              "58.6 s, the same 2.0553, 12 of 12 agreed, 0 forks, 295 MiB. At cfd6d6c (the head "
              "without a bias, GPT-2's layout): 61.6 s, 4.4333 → **2.0559** (2.2058 with "
              "`--inner-optimizer adamw`, 2.0562 with `--aggregator mean`), 12 of 12 agreed, "
-             "0 forks, 286 MB",
+             "0 forks, 286 MB. At 7def8cd (each node draws its shards every round instead of "
+             "training on its own quarter): 58.3 s, 4.4333 → **2.0401**, 12 of 12 agreed, 0 forks",
              "`nightshift demo --dir D --report D/report.json` · 5d9a6a3; before/after: "
              "`docs/bench/demo-driver.txt`"],
             ["`nightshift export` loads in `transformers` with the same loss",
