@@ -119,14 +119,21 @@ fn the_doctor_says_plainly_what_this_machine_lacks_and_what_to_do() {
     // A port another program holds, and a data directory that does not exist yet.
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = held.local_addr().unwrap().port();
-    let doc = doctor(&[
-        "--data-dir",
-        &dir.path().join("fresh").display().to_string(),
-        "--listen",
-        &format!("/ip4/127.0.0.1/tcp/{port}"),
-        "--idle",
-        "always",
-    ]);
+    let (fresh, listen) = (
+        dir.path().join("fresh").display().to_string(),
+        format!("/ip4/127.0.0.1/tcp/{port}"),
+    );
+    let ask = || {
+        doctor(&[
+            "--data-dir",
+            &fresh,
+            "--listen",
+            &listen,
+            "--idle",
+            "always",
+        ])
+    };
+    let doc = ask();
     let find = |section: &str| -> Vec<serde_json::Value> {
         checks(&doc)
             .into_iter()
@@ -165,14 +172,7 @@ fn the_doctor_says_plainly_what_this_machine_lacks_and_what_to_do() {
     assert_eq!(doc["worst"], "fail");
     drop(held);
     // Once the port is free again, nothing keeps the node from training.
-    let doc = doctor(&[
-        "--data-dir",
-        &dir.path().join("fresh").display().to_string(),
-        "--listen",
-        &format!("/ip4/127.0.0.1/tcp/{port}"),
-        "--idle",
-        "always",
-    ]);
+    let doc = ask();
     assert_ne!(doc["worst"], "fail", "{doc:#}");
 }
 
