@@ -219,7 +219,9 @@ impl<B: AutodiffBackend> Driver<B> {
                         "role": s.map(|s| format!("{:?}", s.role).to_lowercase()),
                         "phase": s.map(|s| format!("{:?}", s.phase).to_lowercase()),
                         "round": s.map(|s| s.round),
-                        "tokens_per_sec": speed,
+                        "tokens_per_sec": speed.or_else(|| {
+                            w.map(|w| f64::from(w.tokens_per_sec)).filter(|t| *t > 0.0)
+                        }),
                         "clock_offset_ms": self.io.clock_offset_ms(&k),
                     })
                 })
