@@ -9,6 +9,7 @@ use nightshift_model::dataset::{
 use nightshift_model::tokenizer::MAX_TOKENIZER_BYTES;
 use nightshift_protocol::Hash32;
 use nightshift_protocol::manifest::{DataFile, DataSpec, MAX_DATA_FILES};
+use sha2::{Digest, Sha256};
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -96,13 +97,19 @@ fn check_file(path: &Path, format: Format) -> Result<(u64, Hash32), GenesisError
     let mut line = Vec::new();
     // The start of a character cut off at the end of the last piece read.
     let mut carry = Vec::new();
+    // The hash is taken in the same pass, over the bytes as they are read.
+    let mut sha = Sha256::new();
+    let mut bytes = 0u64;
     loop {
         line.clear();
         line.append(&mut carry);
+        let carried = line.len();
         let n = (&mut reader)
             .take(MAX_LINE_BYTES + 1)
             .read_until(b'\n', &mut line)
             .map_err(|e| io_err(path, e))?;
+        sha.update(&line[carried..]);
+        bytes += n as u64;
         if n == 0 {
             if !line.is_empty() {
                 return Err(bad(path, "not UTF-8 text (it ends inside a character)"));
@@ -134,8 +141,7 @@ fn check_file(path: &Path, format: Format) -> Result<(u64, Hash32), GenesisError
         }
         offset += line.len() as u64;
     }
-    let (bytes, sha) = dataset::hash_file(path).map_err(|e| io_err(path, e))?;
-    Ok((bytes, Hash32(sha)))
+    Ok((bytes, Hash32(sha.finalize().into())))
 }
 
 /// What `swarm init` pins: the dataset at `data` (the embedded corpus for `None`), checked, and
