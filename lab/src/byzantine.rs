@@ -309,6 +309,7 @@ fn simulate(
         aggregator,
         outer_lr: setup.outer_lr,
         outer_momentum: setup.outer_momentum,
+        slicing: None,
     };
     let workers_n = if attack == Attack::None {
         honest + malicious

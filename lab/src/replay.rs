@@ -158,6 +158,7 @@ pub fn run_replay(a: ReplayArgs) -> anyhow::Result<ReplayReport> {
                 aggregator,
                 outer_lr: 0.7,
                 outer_momentum: 0.7,
+                slicing: None,
             };
             // The claimed hash: the same round applied once directly.
             let ctx = recipe.context(base.round, base_hash);

@@ -45,6 +45,21 @@ pub fn weighted_average(deltas: &[WeightedDelta<'_>]) -> Option<Vec<f32>> {
 /// `|g|² = |Δ̄|² − σ²/n` (unweighted). `None` below two contributions or when the mean carries
 /// no signal above the spread.
 pub fn noise_ratio(deltas: &[&[f32]]) -> Option<f64> {
+    noise_ratio_of(&[noise_sums(deltas)?])
+}
+
+/// The sums [`noise_ratio`] is made of, over some of the values: with `m̄` the unweighted mean
+/// of `n` deltas, `mean_sq = Σⱼ m̄ⱼ²` and `spread = Σᵢⱼ (Δᵢⱼ − m̄ⱼ)²`. The sums of disjoint
+/// slices of the values, each averaged on its own, give the whole's ratio ([`noise_ratio_of`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NoiseSums {
+    pub n: usize,
+    pub mean_sq: f64,
+    pub spread: f64,
+}
+
+/// [`NoiseSums`] of `deltas`; `None` below two deltas or when their lengths differ.
+pub fn noise_sums(deltas: &[&[f32]]) -> Option<NoiseSums> {
     let n = deltas.len();
     let len = deltas.first()?.len();
     if n < 2 || deltas.iter().any(|d| d.len() != len) {
@@ -59,9 +74,22 @@ pub fn noise_ratio(deltas: &[&[f32]]) -> Option<f64> {
             .map(|d| (d[j] as f64 - m).powi(2))
             .sum::<f64>();
     }
-    let var = spread / (n - 1) as f64;
-    let signal = mean_sq - var / n as f64;
-    (signal > 0.0).then(|| var / signal)
+    Some(NoiseSums { n, mean_sq, spread })
+}
+
+/// The noise ratio of the values whose disjoint slices have the sums `parts`, each slice with
+/// its own count of deltas: `σ² = Σ spread/(n − 1)`, `|g|² = Σ (mean_sq − spread/(n − 1)/n)`.
+/// One part gives [`noise_ratio`] bit for bit. Parts of fewer than two deltas are left out;
+/// `None` when none is left or there is no signal above the spread.
+pub fn noise_ratio_of(parts: &[NoiseSums]) -> Option<f64> {
+    let (mut var, mut signal, mut any) = (0f64, 0f64, false);
+    for p in parts.iter().filter(|p| p.n >= 2) {
+        let v = p.spread / (p.n - 1) as f64;
+        var += v;
+        signal += p.mean_sq - v / p.n as f64;
+        any = true;
+    }
+    (any && signal > 0.0).then(|| var / signal)
 }
 
 /// The running noise ratio after a round: a running mean (0.7 of the old value, 0.3 of the new)
@@ -69,8 +97,13 @@ pub fn noise_ratio(deltas: &[&[f32]]) -> Option<f64> {
 /// round that cannot tell (fewer than two, or no signal above the spread). A non-finite or
 /// negative old value counts as none.
 pub fn update_noise(prev: Option<f64>, deltas: &[&[f32]]) -> Option<f64> {
+    update_noise_with(prev, noise_ratio(deltas))
+}
+
+/// [`update_noise`] given the round's ratio.
+pub fn update_noise_with(prev: Option<f64>, round: Option<f64>) -> Option<f64> {
     let prev = prev.filter(|r| r.is_finite() && *r >= 0.0);
-    match noise_ratio(deltas) {
+    match round {
         Some(r) => Some(prev.map_or(r, |m| 0.7 * m + 0.3 * r)),
         None => prev,
     }

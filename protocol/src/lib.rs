@@ -7,6 +7,8 @@
 //! - [`delta`] — pseudo-gradient codecs (fp32, fp16, blockwise int8/int4, top-k) followed by zstd.
 //! - [`message`] — the request/response messages nodes exchange.
 //! - [`manifest`] — the signed swarm manifest; its hash is the swarm id.
+//! - [`slices`] — contributions cut into Merkle-committed slices and the reducers' averages of
+//!   them: averaging inside the network.
 //!
 //! Everything a peer sends is bounded before it is allocated and verified before it is decoded.
 
@@ -16,6 +18,7 @@ pub mod lowrank;
 pub mod manifest;
 pub mod message;
 pub mod signed;
+pub mod slices;
 pub mod wire;
 
 pub use delta::{DeltaCodec, DeltaError, EncodedDelta};

@@ -24,6 +24,10 @@ pub enum PayloadKind {
     /// A node's status ([`crate::Status`]): `round` and `base_hash` are the round and the hash of
     /// the state it holds, so a signed status is also its signer's attestation of that state.
     Status,
+    /// The signed header of a contribution cut into slices ([`crate::slices::SlicedContribution`]).
+    SlicedContribution,
+    /// A reducer's average of one slice of a round ([`crate::slices::ReducedSlice`]).
+    ReducedSlice,
 }
 
 /// The signed, bound part of an envelope besides the payload.

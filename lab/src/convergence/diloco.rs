@@ -26,6 +26,8 @@ pub struct Diloco<'a> {
     pub deadline_secs: u64,
     /// Nodes train the next round while a round is collected.
     pub overlap: bool,
+    /// Average slice by slice (`sim --reduce`).
+    pub reduce: Option<String>,
 }
 
 impl Diloco<'_> {
@@ -56,6 +58,7 @@ impl Diloco<'_> {
             // Virtual time is free: room for every round to wait out its deadline twice.
             max_virtual_secs: rounds * (2 * self.deadline_secs + 120) + 600,
             overlap: self.overlap,
+            reduce: self.reduce.clone(),
             ..SimArgs::default()
         })
     }

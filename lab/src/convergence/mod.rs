@@ -45,7 +45,7 @@ pub struct ReportArgs {
 #[derive(Args, Debug, Serialize)]
 pub struct ConvergenceArgs {
     /// Run groups to include: single (T steps), single-long (K·T steps: the same tokens as the
-    /// K-worker runs), sync, diloco (the K × H grid), codecs, drop.
+    /// K-worker runs), sync, diloco (the K × H grid), codecs, drop, reduce.
     #[arg(
         long,
         value_delimiter = ',',
@@ -72,6 +72,10 @@ pub struct ConvergenceArgs {
     /// round ends and comes back at once, so the round goes on without it (`sim --drop`).
     #[arg(long, value_delimiter = ',', default_value = "0.3,0.5")]
     pub drop: Vec<f64>,
+    /// Averaging slice by slice compared on DiLoCo (base K, base H), each as `S:CODEC` (`sim
+    /// --reduce`): the run group `reduce`.
+    #[arg(long, value_delimiter = ',', default_value = "4:int8:64,4:fp32", value_parser = crate::sim::parse_reduce)]
+    pub reduce: Vec<String>,
     /// T: the per-worker step budget.
     #[arg(long, default_value_t = 1000)]
     pub steps: u32,
@@ -127,7 +131,13 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
     let diloco = |k: usize, h: u32, codec: DeltaCodec, drop: f64, suffix: String| {
         (
             format!("diloco k={k} h={h}{suffix}"),
-            Kind::Diloco { k, h, codec, drop },
+            Kind::Diloco {
+                k,
+                h,
+                codec,
+                drop,
+                reduce: None,
+            },
         )
     };
     if want("diloco") {
@@ -147,6 +157,15 @@ fn plan(a: &ConvergenceArgs) -> Vec<(String, Kind)> {
             p.push(diloco(bk, bh, a.recipe.codec, d, format!(" drop={d}")));
         }
     }
+    if want("reduce") {
+        for r in &a.reduce {
+            let (name, mut kind) = diloco(bk, bh, a.recipe.codec, 0.0, format!(" reduce={r}"));
+            if let Kind::Diloco { reduce, .. } = &mut kind {
+                *reduce = Some(r.clone());
+            }
+            p.push((name, kind));
+        }
+    }
     p
 }
 
@@ -160,6 +179,7 @@ enum Kind {
         h: u32,
         codec: DeltaCodec,
         drop: f64,
+        reduce: Option<String>,
     },
 }
 
@@ -176,7 +196,15 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
     {
         bail!("--steps, --k, --h, --base-k and --inner-steps must be positive");
     }
-    const GROUPS: [&str; 6] = ["single", "single-long", "sync", "diloco", "codecs", "drop"];
+    const GROUPS: [&str; 7] = [
+        "single",
+        "single-long",
+        "sync",
+        "diloco",
+        "codecs",
+        "drop",
+        "reduce",
+    ];
     if let Some(g) = a.runs.iter().find(|g| !GROUPS.contains(&g.as_str())) {
         bail!(
             "unknown run group {g:?}: expected some of {}",
@@ -227,7 +255,13 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
                 print_row(&r);
                 vec![r]
             }
-            Kind::Diloco { k, h, codec, drop } => {
+            Kind::Diloco {
+                k,
+                h,
+                codec,
+                drop,
+                reduce,
+            } => {
                 let mut done = vec![];
                 for &overlap in &a.overlap {
                     let name = if a.overlap.len() > 1 {
@@ -242,6 +276,7 @@ pub fn run_convergence(a: ConvergenceArgs) -> anyhow::Result<Vec<RunResult>> {
                         h,
                         codec,
                         drop,
+                        reduce: reduce.clone(),
                         steps: a.steps,
                         deadline_secs: u64::from(a.recipe.deadline_secs),
                         overlap,

@@ -89,6 +89,7 @@ fn a_tiny_diloco_swarm_learns_through_the_simulator_and_counts_its_bytes() {
             steps: 100,
             deadline_secs: 60,
             overlap: true,
+            reduce: None,
         }
         .run(setup())
         .unwrap()
@@ -119,6 +120,23 @@ fn a_tiny_diloco_swarm_learns_through_the_simulator_and_counts_its_bytes() {
         lossy.curve
     );
 
+    // Averaged slice by slice (two slices, the means sent back as int8): the swarm learns as
+    // much, within a hair of averaging whole contributions.
+    let sliced = diloco::Diloco {
+        name: "r",
+        reduce: Some("2:int8:64".into()),
+        ..small_run(recipe.codec)
+    }
+    .run(setup())
+    .unwrap();
+    assert_eq!(sliced.curve.len(), 5, "{:?}", sliced.curve);
+    assert!(
+        (sliced.final_val_loss - r.final_val_loss).abs() < 0.02 * r.final_val_loss,
+        "{} against {}",
+        sliced.final_val_loss,
+        r.final_val_loss
+    );
+
     // T must be whole rounds.
     let odd = diloco::Diloco {
         name: "odd",
@@ -130,6 +148,7 @@ fn a_tiny_diloco_swarm_learns_through_the_simulator_and_counts_its_bytes() {
         steps: 100,
         deadline_secs: 60,
         overlap: true,
+        reduce: None,
     };
     assert!(odd.run(setup()).is_err());
     let single = setup().run_single("s", 10, 1, 5).unwrap();
@@ -324,4 +343,20 @@ fn report_compares_runs_of_the_same_seed_only() {
             .iter()
             .any(|l| l.contains("against no drops (2.0000)"))
     );
+}
+
+/// The settings of the small DiLoCo runs above (2 tiny nodes, H = 25, 100 steps).
+fn small_run(codec: DeltaCodec) -> diloco::Diloco<'static> {
+    diloco::Diloco {
+        name: "d",
+        preset: "tiny",
+        k: 2,
+        h: 25,
+        codec,
+        drop: 0.0,
+        steps: 100,
+        deadline_secs: 60,
+        overlap: true,
+        reduce: None,
+    }
 }

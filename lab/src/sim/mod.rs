@@ -125,6 +125,39 @@ pub struct SimArgs {
     #[arg(long)]
     #[serde(default)]
     pub overlap: bool,
+    /// Average each round slice by slice, as reducers inside the network do: `S:CODEC` (S
+    /// slices, the reducers' means sent as CODEC, e.g. `4:int8:64`). The nodes' outer step
+    /// only; contributions still travel whole. Unset: nodes average whole contributions.
+    #[arg(long, value_parser = parse_reduce)]
+    #[serde(default)]
+    pub reduce: Option<String>,
+}
+
+/// Parses `sim --reduce`: `S:CODEC`.
+pub fn parse_reduce(s: &str) -> Result<String, String> {
+    slicing(s).map(|_| s.to_string())
+}
+
+/// The slicing `S:CODEC` names.
+pub fn slicing(s: &str) -> Result<nightshift_node::machine::sliced::Slicing, String> {
+    let (n, codec) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected SLICES:CODEC, e.g. 4:int8:64"))?;
+    let slices: u32 = n
+        .parse()
+        .ok()
+        .filter(|n| (1..=nightshift_protocol::slices::MAX_SLICES).contains(n))
+        .ok_or_else(|| {
+            format!(
+                "{s:?}: slices must be 1..={}",
+                nightshift_protocol::slices::MAX_SLICES
+            )
+        })?;
+    let mean_codec: DeltaCodec = codec.parse()?;
+    if nightshift_protocol::slices::slice_align(mean_codec).is_none() {
+        return Err(format!("{s:?}: {mean_codec} does not cut into slices"));
+    }
+    Ok(nightshift_node::machine::sliced::Slicing { slices, mean_codec })
 }
 
 impl Default for SimArgs {
@@ -260,6 +293,10 @@ fn template(args: &SimArgs, keys: &[[u8; 32]], model: &Model) -> Config {
         aggregator,
         outer_lr,
         outer_momentum,
+        slicing: args
+            .reduce
+            .as_deref()
+            .map(|s| slicing(s).expect("checked when parsed")),
     };
     Config {
         key: SigningKey::from_bytes(&[0; 32]),

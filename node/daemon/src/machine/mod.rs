@@ -29,6 +29,7 @@ mod align;
 mod collect;
 mod io;
 pub mod rules;
+pub mod sliced;
 mod step;
 #[cfg(test)]
 mod tests;

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use super::accept::{Accepted, RoundContext, RoundStep, accept, round_step};
+use super::sliced::{Slicing, sliced_round_step};
 use super::{Key, Millis};
 
 /// Holders asked for one contribution before a replay gives up on it.
@@ -53,6 +54,10 @@ pub struct Recipe {
     pub aggregator: Aggregator,
     pub outer_lr: f32,
     pub outer_momentum: f32,
+    /// Average slice by slice, as reducers inside the network do ([`super::sliced`]); `None`:
+    /// every node averages whole contributions. Set by the lab only, while the reducers'
+    /// transport is built (issue 26).
+    pub slicing: Option<Slicing>,
 }
 
 impl Recipe {
@@ -73,6 +78,7 @@ impl Recipe {
             aggregator: m.manifest.aggregator,
             outer_lr: t.outer_lr,
             outer_momentum: t.outer_momentum,
+            slicing: None,
         }
     }
 
@@ -120,7 +126,10 @@ impl Recipe {
         base: &StateSnapshot,
         set: &BTreeMap<[u8; 32], Accepted>,
     ) -> Option<(StateSnapshot, RoundStep)> {
-        let step = round_step(set, base.noise, self.aggregator)?;
+        let step = match self.slicing {
+            None => round_step(set, base.noise, self.aggregator)?,
+            Some(s) => sliced_round_step(set, base.noise, self.aggregator, self.codec, s)?,
+        };
         let mut params = base.params.clone();
         let mut outer = OuterOptimizer {
             lr: self.outer_lr,

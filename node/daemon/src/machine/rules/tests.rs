@@ -15,6 +15,7 @@ fn recipe(members: Option<Vec<[u8; 32]>>, quorum: u32) -> Recipe {
         aggregator: Aggregator::Mean,
         outer_lr: 0.7,
         outer_momentum: 0.7,
+        slicing: None,
     }
 }
 

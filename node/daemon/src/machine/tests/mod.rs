@@ -32,6 +32,7 @@ fn recipe() -> Recipe {
         aggregator: Aggregator::Mean,
         outer_lr: 0.7,
         outer_momentum: 0.7,
+        slicing: None,
     }
 }
 

@@ -1,0 +1,201 @@
+//! The round's step when contributions are averaged slice by slice, as reducers inside the
+//! network average them (`nightshift_protocol::slices`): each slice aggregated on its own with
+//! the swarm's aggregator, its mean re-encoded as a reducer sends it, the noise ratio put
+//! together from the slices' sums.
+//!
+//! With the mean aggregator the slices' means are the whole mean's values, bit for bit, so a
+//! sliced round differs from an all-to-all one only by the re-encoding of its mean. Centered
+//! clipping clips each slice by its own radius (block-wise robust aggregation): a contribution
+//! far off in one slice pulls that slice alone.
+
+use super::accept::{Accepted, RoundStep};
+use nightshift_model::outer::{
+    NoiseSums, WeightedDelta, noise_ratio_of, noise_sums, partial_round_scale, update_noise_with,
+    weighted_average,
+};
+use nightshift_model::robust::{bound_norms, centered_clip};
+use nightshift_protocol::slices::round_slices;
+use nightshift_protocol::{Aggregator, DeltaCodec, MAX_EXPECTED, delta};
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+/// How a round's contributions are cut and their means sent back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slicing {
+    pub slices: u32,
+    pub mean_codec: DeltaCodec,
+}
+
+impl Slicing {
+    /// The slices of a model of `num_params` values whose contributions are sent as `codec`;
+    /// `None` when they do not cut ([`round_slices`]).
+    pub fn ranges(&self, num_params: usize, codec: DeltaCodec) -> Option<Vec<Range<usize>>> {
+        round_slices(num_params, self.slices, codec, self.mean_codec)
+    }
+}
+
+/// What the reducer of one slice computes: the slice's aggregate as it is sent (re-encoded and
+/// decoded again) and the slice's noise sums (of the norm-bounded slices with a robust
+/// aggregator). `None` when nothing arrived.
+pub fn reduce_slice(
+    parts: &[WeightedDelta<'_>],
+    aggregator: Aggregator,
+    mean_codec: DeltaCodec,
+) -> Option<(Vec<f32>, Option<NoiseSums>)> {
+    let mean = match aggregator {
+        Aggregator::Mean => weighted_average(parts)?,
+        Aggregator::CenteredClip { clip_mult, iters } => {
+            centered_clip(parts, clip_mult as f64, iters)?
+        }
+    };
+    let deltas: Vec<&[f32]> = parts.iter().map(|p| p.delta).collect();
+    let sums = if aggregator.is_robust() {
+        let bounded = bound_norms(&deltas);
+        noise_sums(&bounded.iter().map(Vec::as_slice).collect::<Vec<_>>())
+    } else {
+        noise_sums(&deltas)
+    };
+    let sent = delta::decode(&delta::encode(mean_codec, &mean), mean.len()).ok()?;
+    Some((sent, sums))
+}
+
+/// The round's step from its slices' reductions (in slice order): the means joined, the noise
+/// ratio updated from the slices' sums, the whole scaled down when fewer contributions arrived
+/// than the round planned for (as [`super::accept::round_step`] does). `expected` holds what
+/// each counted contribution expected.
+pub fn combine(
+    reduced: Vec<(Vec<f32>, Option<NoiseSums>)>,
+    expected: &[u32],
+    noise: Option<f64>,
+) -> Option<RoundStep> {
+    if expected.is_empty() {
+        return None;
+    }
+    let sums: Vec<NoiseSums> = reduced.iter().filter_map(|r| r.1).collect();
+    let noise = update_noise_with(noise, noise_ratio_of(&sums));
+    let mut delta: Vec<f32> = reduced.into_iter().flat_map(|r| r.0).collect();
+    let mut wants: Vec<u32> = expected
+        .iter()
+        .map(|e| (*e).clamp(1, MAX_EXPECTED))
+        .collect();
+    wants.sort_unstable();
+    let planned = wants[wants.len() / 2];
+    let scale = partial_round_scale(noise.unwrap_or(0.0), planned as f64, expected.len() as f64);
+    if scale < 1.0 {
+        delta.iter_mut().for_each(|v| *v *= scale);
+    }
+    Some(RoundStep {
+        delta,
+        scale,
+        planned,
+        noise,
+    })
+}
+
+/// The round's step from `accepted` averaged slice by slice: what every node computes from the
+/// reducers' slices when each reducer counted all of `accepted`. `None` when nothing arrived or
+/// the model does not cut into the slices.
+pub fn sliced_round_step(
+    accepted: &BTreeMap<[u8; 32], Accepted>,
+    noise: Option<f64>,
+    aggregator: Aggregator,
+    codec: DeltaCodec,
+    slicing: Slicing,
+) -> Option<RoundStep> {
+    let len = accepted.values().next()?.delta.len();
+    let ranges = slicing.ranges(len, codec)?;
+    let reduced = ranges
+        .iter()
+        .map(|r| {
+            let parts: Vec<WeightedDelta<'_>> = accepted
+                .values()
+                .map(|a| WeightedDelta {
+                    delta: &a.delta[r.clone()],
+                    weight: a.tokens as f64,
+                })
+                .collect();
+            reduce_slice(&parts, aggregator, slicing.mean_codec)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let expected: Vec<u32> = accepted.values().map(|a| a.expected).collect();
+    combine(reduced, &expected, noise)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::accept::round_step;
+    use nightshift_protocol::Hash32;
+
+    fn accepted(n: usize, len: usize) -> BTreeMap<[u8; 32], Accepted> {
+        (0..n)
+            .map(|i| {
+                let sender = [i as u8 + 1; 32];
+                let delta = (0..len)
+                    .map(|j| ((j * 7 + i * 13) as f32 * 0.31).sin() * 1e-2 + 3e-3)
+                    .collect();
+                let a = Accepted {
+                    sender,
+                    digest: Hash32::default(),
+                    tokens: 100 + 10 * i as u64,
+                    train_loss: 1.0,
+                    delta,
+                    expected: n as u32,
+                };
+                (sender, a)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_sliced_mean_sent_in_fp32_is_the_all_to_all_step() {
+        let acc = accepted(3, 1000);
+        let codec = DeltaCodec::Int4 { block: 64 };
+        let whole = round_step(&acc, Some(0.5), Aggregator::Mean).unwrap();
+        for slices in [1, 4, 7] {
+            let slicing = Slicing {
+                slices,
+                mean_codec: DeltaCodec::Fp32,
+            };
+            let s = sliced_round_step(&acc, Some(0.5), Aggregator::Mean, codec, slicing).unwrap();
+            assert_eq!(s.delta, whole.delta, "{slices} slices");
+            assert_eq!((s.scale, s.planned), (whole.scale, whole.planned));
+            let (a, b) = (s.noise.unwrap(), whole.noise.unwrap());
+            assert!((a - b).abs() <= 1e-9 * b, "noise {a} against {b}");
+        }
+    }
+
+    #[test]
+    fn int8_means_and_blockwise_clipping_stay_close_to_the_whole_step() {
+        let acc = accepted(4, 2048);
+        let codec = DeltaCodec::Int4 { block: 64 };
+        let slicing = Slicing {
+            slices: 8,
+            mean_codec: DeltaCodec::Int8 { block: 64 },
+        };
+        for agg in [Aggregator::Mean, Aggregator::ROBUST] {
+            let whole = round_step(&acc, None, agg).unwrap();
+            let s = sliced_round_step(&acc, None, agg, codec, slicing).unwrap();
+            let err: f64 = s
+                .delta
+                .iter()
+                .zip(&whole.delta)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            let norm: f64 = whole
+                .delta
+                .iter()
+                .map(|v| (*v as f64).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            assert!(err < 0.02 * norm, "{agg}: off by {err} of {norm}");
+        }
+        // Too many slices for the model: no step rather than a wrong one.
+        let many = Slicing {
+            slices: 33,
+            ..slicing
+        };
+        assert!(sliced_round_step(&acc, None, Aggregator::Mean, codec, many).is_none());
+    }
+}
