@@ -392,8 +392,12 @@ pub struct ReducedInput {
 pub struct ReducedSlice {
     pub index: u32,
     pub slices: u32,
-    /// The contributions averaged, in key order.
-    pub inputs: Vec<ReducedInput>,
+    /// [`inputs_digest`] of the contributions averaged, in key order. The list travels on its
+    /// own ([`ReducedInputs`]): a round's reducers usually count the same contributions, so a
+    /// node fetches one list, not one per slice.
+    pub inputs: Hash32,
+    /// How many contributions it counts.
+    pub count: u32,
     /// Their token-weighted mean over the slice's values.
     pub mean: EncodedDelta,
     /// Σ over the slice's values of the unweighted mean squared, and Σ of each input's squared
@@ -402,21 +406,35 @@ pub struct ReducedSlice {
     pub spread: f64,
 }
 
+/// The contributions a reduced slice counts, in key order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReducedInputs(pub Vec<ReducedInput>);
+
+/// The digest a [`ReducedSlice`] names its inputs by.
+pub fn inputs_digest(inputs: &[ReducedInput]) -> Hash32 {
+    Hash32::of(&[b"nightshift/reduced-inputs/v1\0", &wire::encode(&inputs)])
+}
+
+/// Largest encoded [`ReducedInputs`].
+pub const MAX_INPUTS_BYTES: usize = MAX_REDUCED_INPUTS * 90 + 64;
+
 /// The most a reduced slice's payload may take for a slice of `values` values.
 pub fn max_reduced_bytes(values: usize) -> usize {
-    MAX_REDUCED_INPUTS * 90 + values * 4 + 1024
+    values * 4 + 1024
 }
 
 /// Checks the signatures of a reduced slice (by `reducers`, each a key the round assigned to the
 /// slice; every one must have signed the same payload) and its bounds: the index, the inputs
-/// (members, in strictly increasing key order, each with plausible tokens), the mean's codec
-/// and length, finite statistics. Returns the payload and its decoded mean.
+/// (the list its digest names: members, in strictly increasing key order, each with plausible
+/// tokens), the mean's codec and length, finite statistics. Returns the payload and its
+/// decoded mean.
 ///
 /// # Errors
 /// The first reason the reduced slice is unacceptable.
 pub fn open_reduced(
     signed: &[SignedEnvelope],
     reducers: &[[u8; 32]],
+    inputs: &[ReducedInput],
     ctx: &SliceContext<'_>,
 ) -> Result<(ReducedSlice, Vec<f32>), SliceError> {
     let mean_codec = ctx.mean_codec;
@@ -454,16 +472,21 @@ pub fn open_reduced(
             slices: r.slices,
         });
     }
-    if r.inputs.is_empty() || r.inputs.len() > MAX_REDUCED_INPUTS {
+    if inputs_digest(inputs) != r.inputs || inputs.len() != r.count as usize {
+        return Err(SliceError::Header(
+            "inputs are not the ones it names".into(),
+        ));
+    }
+    if inputs.is_empty() || inputs.len() > MAX_REDUCED_INPUTS {
         return Err(SliceError::Header(format!(
             "counts {} inputs",
-            r.inputs.len()
+            inputs.len()
         )));
     }
-    if !r.inputs.windows(2).all(|w| w[0].id.sender < w[1].id.sender) {
+    if !inputs.windows(2).all(|w| w[0].id.sender < w[1].id.sender) {
         return Err(SliceError::Header("inputs not in key order".into()));
     }
-    for i in &r.inputs {
+    for i in inputs {
         if ctx.allowlist.is_some_and(|a| !a.contains(&i.id.sender)) {
             return Err(VerifyError::NotAMember(hex::encode(&i.id.sender[..8])).into());
         }

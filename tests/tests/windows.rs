@@ -186,6 +186,18 @@ fn a_closing_window_yields_a_partial_contribution_and_the_node_rejoins_when_idle
         windows.iter().any(|w| w["state"] == "Busy"),
         "no busy window among {peers}"
     );
+    // The training nodes (two rounds in) advertise the speed they measured, not 0.
+    let training: Vec<_> = windows
+        .iter()
+        .filter(|w| w["state"] == "Training")
+        .collect();
+    assert!(
+        !training.is_empty()
+            && training
+                .iter()
+                .all(|w| w["tokens_per_sec"].as_f64().is_some_and(|t| t > 0.0)),
+        "a training window without its speed among {peers}"
+    );
     // The swarm does not wait for a paused node: a round completes with two contributors.
     assert!(
         wait_until(Duration::from_secs(200), || completed(&swarm, 0)

@@ -185,7 +185,8 @@ struct Driver<B: AutodiffBackend> {
     device: DeviceInfo,
     /// Our measured inner-loop throughput (tokens/s), once a round has run.
     tokens_per_sec: Option<f64>,
-    window_published: Option<(WindowState, Instant)>,
+    /// The last window record published: its state, when, and the speed it carried.
+    window_published: Option<(WindowState, Instant, f32)>,
     /// The peers' advertised windows as last looked up (for `/status` and the dashboard).
     peer_windows: windows::PeerWindows,
     control_info: Option<Arc<RwLock<serde_json::Value>>>,

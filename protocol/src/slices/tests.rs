@@ -277,10 +277,13 @@ fn a_reduced_slice_needs_every_reducer_to_sign_one_bounded_payload() {
     inputs.sort();
     let ranges = slice_ranges(1000, 4, 64).unwrap();
     let mean = values(ranges[2].len(), 3.0);
+    let named = |inputs: &[ReducedInput]| (inputs_digest(inputs), inputs.len() as u32);
+    let (digest, count) = named(&inputs);
     let payload = ReducedSlice {
         index: 2,
         slices: 4,
-        inputs: inputs.clone(),
+        inputs: digest,
+        count,
         mean: delta::encode(mean_codec, &mean),
         mean_sq: 0.5,
         spread: 0.25,
@@ -291,61 +294,95 @@ fn a_reduced_slice_needs_every_reducer_to_sign_one_bounded_payload() {
     ];
     let sign = |k: u8, p: &ReducedSlice| sign_reduced(&key(k), c.swarm_id, c.round, c.base_hash, p);
     let both = [sign(1, &payload), sign(2, &payload)];
-    let (got, v) = open_reduced(&both, &reducers, &c).unwrap();
+    let (got, v) = open_reduced(&both, &reducers, &inputs, &c).unwrap();
     assert_eq!(got, payload);
     assert_eq!(v, delta::decode(&payload.mean, ranges[2].len()).unwrap());
     // One signature only, a signer who is not the second reducer, or two payloads: refused.
-    assert!(open_reduced(&both[..1], &reducers, &c).is_err());
-    assert!(open_reduced(&[sign(1, &payload), sign(3, &payload)], &reducers, &c).is_err());
+    assert!(open_reduced(&both[..1], &reducers, &inputs, &c).is_err());
+    assert!(
+        open_reduced(
+            &[sign(1, &payload), sign(3, &payload)],
+            &reducers,
+            &inputs,
+            &c
+        )
+        .is_err()
+    );
     let other = ReducedSlice {
         spread: 0.3,
         ..payload.clone()
     };
-    assert!(open_reduced(&[sign(1, &payload), sign(2, &other)], &reducers, &c).is_err());
+    assert!(
+        open_reduced(
+            &[sign(1, &payload), sign(2, &other)],
+            &reducers,
+            &inputs,
+            &c
+        )
+        .is_err()
+    );
+    // Another list than the one it names: refused.
+    assert!(open_reduced(&both, &reducers, &inputs[1..], &c).is_err());
     // Bounds: inputs out of order or of an outsider, statistics, index, the mean's codec.
+    let reversed: Vec<ReducedInput> = inputs.iter().rev().copied().collect();
+    let outsider = vec![ReducedInput {
+        id: ContributionId {
+            sender: [9; 32],
+            digest: Hash32::default(),
+        },
+        tokens: 1,
+        expected: 1,
+    }];
+    let with = |l: &[ReducedInput]| {
+        let (inputs, count) = named(l);
+        ReducedSlice {
+            inputs,
+            count,
+            ..payload.clone()
+        }
+    };
     let bad = [
-        ReducedSlice {
-            inputs: inputs.iter().rev().copied().collect(),
-            ..payload.clone()
-        },
-        ReducedSlice {
-            inputs: vec![ReducedInput {
-                id: ContributionId {
-                    sender: [9; 32],
-                    digest: Hash32::default(),
-                },
-                tokens: 1,
-                expected: 1,
-            }],
-            ..payload.clone()
-        },
-        ReducedSlice {
-            inputs: vec![],
-            ..payload.clone()
-        },
-        ReducedSlice {
-            spread: f64::NAN,
-            ..payload.clone()
-        },
-        ReducedSlice {
-            mean_sq: -1.0,
-            ..payload.clone()
-        },
-        ReducedSlice {
-            index: 4,
-            ..payload.clone()
-        },
-        ReducedSlice {
-            mean: delta::encode(DeltaCodec::Fp32, &mean),
-            ..payload.clone()
-        },
-        ReducedSlice {
-            mean: delta::encode(mean_codec, &mean[1..]),
-            ..payload.clone()
-        },
+        (with(&reversed), reversed.clone()),
+        (with(&outsider), outsider.clone()),
+        (with(&[]), vec![]),
+        (
+            ReducedSlice {
+                spread: f64::NAN,
+                ..payload.clone()
+            },
+            inputs.clone(),
+        ),
+        (
+            ReducedSlice {
+                mean_sq: -1.0,
+                ..payload.clone()
+            },
+            inputs.clone(),
+        ),
+        (
+            ReducedSlice {
+                index: 4,
+                ..payload.clone()
+            },
+            inputs.clone(),
+        ),
+        (
+            ReducedSlice {
+                mean: delta::encode(DeltaCodec::Fp32, &mean),
+                ..payload.clone()
+            },
+            inputs.clone(),
+        ),
+        (
+            ReducedSlice {
+                mean: delta::encode(mean_codec, &mean[1..]),
+                ..payload.clone()
+            },
+            inputs.clone(),
+        ),
     ];
-    for p in bad {
-        let r = open_reduced(&[sign(1, &p), sign(2, &p)], &reducers, &c);
+    for (p, l) in bad {
+        let r = open_reduced(&[sign(1, &p), sign(2, &p)], &reducers, &l, &c);
         assert!(r.is_err(), "accepted {p:?}");
     }
 }

@@ -28,6 +28,7 @@ pub mod accept;
 mod align;
 mod collect;
 mod io;
+pub mod reducer;
 pub mod rules;
 pub mod sliced;
 mod step;

@@ -15,7 +15,7 @@ use nightshift_model::outer::{
 };
 use nightshift_model::robust::{bound_norms, centered_clip};
 use nightshift_protocol::slices::round_slices;
-use nightshift_protocol::{Aggregator, DeltaCodec, MAX_EXPECTED, delta};
+use nightshift_protocol::{Aggregator, DeltaCodec, EncodedDelta, MAX_EXPECTED, delta};
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -34,14 +34,14 @@ impl Slicing {
     }
 }
 
-/// What the reducer of one slice computes: the slice's aggregate as it is sent (re-encoded and
-/// decoded again) and the slice's noise sums (of the norm-bounded slices with a robust
+/// What the reducer of one slice computes: the slice's aggregate encoded as it is sent, the
+/// values it decodes to, and the slice's noise sums (of the norm-bounded slices with a robust
 /// aggregator). `None` when nothing arrived.
 pub fn reduce_slice(
     parts: &[WeightedDelta<'_>],
     aggregator: Aggregator,
     mean_codec: DeltaCodec,
-) -> Option<(Vec<f32>, Option<NoiseSums>)> {
+) -> Option<(EncodedDelta, Vec<f32>, Option<NoiseSums>)> {
     let mean = match aggregator {
         Aggregator::Mean => weighted_average(parts)?,
         Aggregator::CenteredClip { clip_mult, iters } => {
@@ -55,8 +55,9 @@ pub fn reduce_slice(
     } else {
         noise_sums(&deltas)
     };
-    let sent = delta::decode(&delta::encode(mean_codec, &mean), mean.len()).ok()?;
-    Some((sent, sums))
+    let encoded = delta::encode(mean_codec, &mean);
+    let sent = delta::decode(&encoded, mean.len()).ok()?;
+    Some((encoded, sent, sums))
 }
 
 /// The round's step from its slices' reductions (in slice order): the means joined, the noise
@@ -114,7 +115,7 @@ pub fn sliced_round_step(
                     weight: a.tokens as f64,
                 })
                 .collect();
-            reduce_slice(&parts, aggregator, slicing.mean_codec)
+            reduce_slice(&parts, aggregator, slicing.mean_codec).map(|(_, v, sums)| (v, sums))
         })
         .collect::<Option<Vec<_>>>()?;
     let expected: Vec<u32> = accepted.values().map(|a| a.expected).collect();

@@ -146,10 +146,14 @@ impl<B: AutodiffBackend> Driver<B> {
     }
 
     /// Signs and publishes our window record in Kademlia when its state changed (or `force`),
-    /// or when the last one is older than [`WINDOW_REFRESH_SECS`].
+    /// when the measured speed moved by a quarter or more (the first measurement included), or
+    /// when the last one is older than [`WINDOW_REFRESH_SECS`].
     pub(super) async fn publish_window(&mut self, state: WindowState, reason: &str, force: bool) {
-        let stale = self.window_published.is_none_or(|(st, at)| {
-            st != state || at.elapsed() > Duration::from_secs(WINDOW_REFRESH_SECS)
+        let speed = self.tokens_per_sec.unwrap_or(0.0) as f32;
+        let stale = self.window_published.is_none_or(|(st, at, sent)| {
+            st != state
+                || at.elapsed() > Duration::from_secs(WINDOW_REFRESH_SECS)
+                || (speed - sent).abs() > 0.25 * sent.max(f32::MIN_POSITIVE)
         });
         if !force && !stale {
             return;
@@ -166,7 +170,7 @@ impl<B: AutodiffBackend> Driver<B> {
             device_kind: self.device.kind.clone(),
             device_name: self.device.name.clone(),
             memory_bytes: self.device.memory_bytes,
-            tokens_per_sec: self.tokens_per_sec.unwrap_or(0.0) as f32,
+            tokens_per_sec: speed,
             open_until: avail.and_then(|a| a.open_until).map(unix_secs),
             state,
             reason,
@@ -175,7 +179,7 @@ impl<B: AutodiffBackend> Driver<B> {
         };
         let env = sign_window(&self.key, self.swarm_id, self.m.hash(), &record);
         self.io.net.put_window(env).await;
-        self.window_published = Some((state, Instant::now()));
+        self.window_published = Some((state, Instant::now(), speed));
         self.update_control_info(Some(&record));
     }
 
