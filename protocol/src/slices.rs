@@ -517,17 +517,8 @@ pub fn sign_reduced(
     base_hash: Hash32,
     payload: &ReducedSlice,
 ) -> SignedEnvelope {
-    SignedEnvelope::sign(
-        key,
-        EnvelopeHeader {
-            kind: PayloadKind::ReducedSlice,
-            swarm_id,
-            round,
-            sender: [0; 32],
-            base_hash,
-        },
-        wire::encode(payload),
-    )
+    let header = header(PayloadKind::ReducedSlice, swarm_id, round, base_hash);
+    SignedEnvelope::sign(key, header, wire::encode(payload))
 }
 
 /// Signs `header` as `key`'s sliced contribution to `round` from `base_hash`.
@@ -536,19 +527,20 @@ pub fn sign_sliced(
     swarm_id: Hash32,
     round: u64,
     base_hash: Hash32,
-    header: &SlicedContribution,
+    sliced: &SlicedContribution,
 ) -> SignedEnvelope {
-    SignedEnvelope::sign(
-        key,
-        EnvelopeHeader {
-            kind: PayloadKind::SlicedContribution,
-            swarm_id,
-            round,
-            sender: [0; 32],
-            base_hash,
-        },
-        wire::encode(header),
-    )
+    let header = header(PayloadKind::SlicedContribution, swarm_id, round, base_hash);
+    SignedEnvelope::sign(key, header, wire::encode(sliced))
+}
+
+fn header(kind: PayloadKind, swarm_id: Hash32, round: u64, base_hash: Hash32) -> EnvelopeHeader {
+    EnvelopeHeader {
+        kind,
+        swarm_id,
+        round,
+        sender: [0; 32],
+        base_hash,
+    }
 }
 
 #[cfg(test)]

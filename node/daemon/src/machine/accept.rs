@@ -195,7 +195,7 @@ pub fn round_step(
     noise: Option<f64>,
     aggregator: Aggregator,
 ) -> Option<RoundStep> {
-    let mut delta = aggregate_with(accepted, aggregator)?;
+    let delta = aggregate_with(accepted, aggregator)?;
     let deltas: Vec<&[f32]> = accepted.values().map(|a| a.delta.as_slice()).collect();
     let noise = if aggregator.is_robust() {
         let bounded = bound_norms(&deltas);
@@ -204,22 +204,30 @@ pub fn round_step(
     } else {
         update_noise(noise, &deltas)
     };
-    let mut wants: Vec<u32> = accepted
-        .values()
-        .map(|a| a.expected.clamp(1, MAX_EXPECTED))
+    let expected: Vec<u32> = accepted.values().map(|a| a.expected).collect();
+    Some(scaled_step(delta, noise, &expected))
+}
+
+/// The round's step from its aggregate `delta`, the running noise ratio after the round, and
+/// what each counted contribution expected: scaled down when fewer arrived than the round
+/// planned for (the median of `expected`). `expected` must not be empty.
+pub(super) fn scaled_step(mut delta: Vec<f32>, noise: Option<f64>, expected: &[u32]) -> RoundStep {
+    let mut wants: Vec<u32> = expected
+        .iter()
+        .map(|e| (*e).clamp(1, MAX_EXPECTED))
         .collect();
     wants.sort_unstable();
     let planned = wants[wants.len() / 2];
-    let scale = partial_round_scale(noise.unwrap_or(0.0), planned as f64, accepted.len() as f64);
+    let scale = partial_round_scale(noise.unwrap_or(0.0), planned as f64, expected.len() as f64);
     if scale < 1.0 {
         delta.iter_mut().for_each(|v| *v *= scale);
     }
-    Some(RoundStep {
+    RoundStep {
         delta,
         scale,
         planned,
         noise,
-    })
+    }
 }
 
 #[cfg(test)]

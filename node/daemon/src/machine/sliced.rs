@@ -8,14 +8,13 @@
 //! clipping clips each slice by its own radius (block-wise robust aggregation): a contribution
 //! far off in one slice pulls that slice alone.
 
-use super::accept::{Accepted, RoundStep};
+use super::accept::{Accepted, RoundStep, scaled_step};
 use nightshift_model::outer::{
-    NoiseSums, WeightedDelta, noise_ratio_of, noise_sums, partial_round_scale, update_noise_with,
-    weighted_average,
+    NoiseSums, WeightedDelta, noise_ratio_of, noise_sums, update_noise_with, weighted_average,
 };
 use nightshift_model::robust::{bound_norms, centered_clip};
 use nightshift_protocol::slices::round_slices;
-use nightshift_protocol::{Aggregator, DeltaCodec, EncodedDelta, MAX_EXPECTED, delta};
+use nightshift_protocol::{Aggregator, DeltaCodec, EncodedDelta, delta};
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -74,23 +73,8 @@ pub fn combine(
     }
     let sums: Vec<NoiseSums> = reduced.iter().filter_map(|r| r.1).collect();
     let noise = update_noise_with(noise, noise_ratio_of(&sums));
-    let mut delta: Vec<f32> = reduced.into_iter().flat_map(|r| r.0).collect();
-    let mut wants: Vec<u32> = expected
-        .iter()
-        .map(|e| (*e).clamp(1, MAX_EXPECTED))
-        .collect();
-    wants.sort_unstable();
-    let planned = wants[wants.len() / 2];
-    let scale = partial_round_scale(noise.unwrap_or(0.0), planned as f64, expected.len() as f64);
-    if scale < 1.0 {
-        delta.iter_mut().for_each(|v| *v *= scale);
-    }
-    Some(RoundStep {
-        delta,
-        scale,
-        planned,
-        noise,
-    })
+    let delta: Vec<f32> = reduced.into_iter().flat_map(|r| r.0).collect();
+    Some(scaled_step(delta, noise, expected))
 }
 
 /// The round's step from `accepted` averaged slice by slice: what every node computes from the
