@@ -541,6 +541,38 @@ def shard_rows():
     return rows
 
 
+def reduce_rows():
+    """Averaging slice by slice: DiLoCo's final loss against all-to-all averaging."""
+    files = sorted((BENCH / "reduce").glob("*-s*.json"))
+    if not files:
+        return []
+    found = {}
+    for f in files:
+        for r in runs(f"docs/bench/reduce/{f.name}"):
+            found[r["name"]] = (r, f"docs/bench/reduce/{f.name}")
+    base_name = next((n for n in found if "reduce=" not in n), None)
+    if base_name is None:
+        return []
+    base, base_file = found[base_name]
+    about = {
+        "4:fp32": "4 slices, means sent as fp32 (block-wise clipping alone)",
+        "4:int8:64": "**4 slices, means sent as int8:64**",
+        "4:int4:64": "4 slices, means sent as int4:64",
+        "16:int8:64": "16 slices, means sent as int8:64",
+    }
+    rows = [["all-to-all (every node averages whole contributions)",
+             f"{base['final_val_loss']:.4f}", "1", "42", f"④ · {commit_of(base_file, '?')} · `{base_file}`"]]
+    for name, (r, f) in sorted(found.items()):
+        if name == base_name:
+            continue
+        spec = name.split("reduce=")[1]
+        loss = r["final_val_loss"]
+        rows.append([about.get(spec, spec), f"{loss:.4f}",
+                     f"**{loss / base['final_val_loss']:.4f}×**", "42",
+                     f"④ · {commit_of(f, '?')} · `{f}`"])
+    return rows
+
+
 def table(header, rows):
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -713,6 +745,27 @@ def page():
                "statuses", "round", "states at the end"], scale_rows()),
         "",
         scale_note(),
+        "",
+        "## Averaging slice by slice: what the reducers' step costs in accuracy",
+        "",
+        "Issue 26's flat averaging is a reduce-scatter (DESIGN-NOTES, *Averaging flat in N*): "
+        "reducer j averages slice j of every contribution with the swarm's aggregator and sends "
+        "the mean back re-encoded. Its step, set on the machines of a simulated swarm "
+        "(`convergence --runs reduce`), against every node averaging whole contributions. With "
+        "the mean aggregator and fp32 means the two are the same bit for bit (unit test); with "
+        "the shipped centered clipping each slice is clipped by its own radius. DiLoCo K = 4, "
+        "H = 25, 1,000 steps a node, the shipped recipe and corpus, through the simulator. One seed.",
+        "",
+        table(["averaging", "final loss", "ratio to all-to-all", "seed", "command · commit · data"],
+              reduce_rows()),
+        "",
+        "④ `RAYON_NUM_THREADS=1 nightshift-lab convergence --runs diloco,reduce --k 4 --h 25 "
+        "--reduce S:CODEC,... --seed 42` (two invocations at a time on the 2 cores, one thread "
+        "each). The bytes each node moves per round with int8 means, every message encoded as "
+        "it travels (unit test `a_nodes_bytes_per_round_stay_flat_as_the_swarm_grows`, 200,000 "
+        "values): 356 KB up and down at N = 4, 392 / 376 KB at N = 16 (1.10× / 1.06×); "
+        "all-to-all: 329 KB at 4, 1.65 MB at 16. Not yet the swarm's round: the daemon still "
+        "averages whole contributions (the Scale rows above).",
         "",
         "## Links: how fast a swarm trains as its links get slower (`nightshift-lab links`, V2)",
         "",

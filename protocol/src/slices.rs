@@ -438,8 +438,10 @@ pub fn open_reduced(
     ctx: &SliceContext<'_>,
 ) -> Result<(ReducedSlice, Vec<f32>), SliceError> {
     let mean_codec = ctx.mean_codec;
-    let Some(first) = signed.first() else {
-        return Err(SliceError::Header("no signature".into()));
+    let (Some(first), false) = (signed.first(), reducers.is_empty()) else {
+        return Err(SliceError::Header(
+            "no signature, or no reducer to sign".into(),
+        ));
     };
     let ranges = ctx.ranges()?;
     let limit = max_reduced_bytes(ranges.first().map_or(0, Range::len));

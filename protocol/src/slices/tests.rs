@@ -297,7 +297,9 @@ fn a_reduced_slice_needs_every_reducer_to_sign_one_bounded_payload() {
     let (got, v) = open_reduced(&both, &reducers, &inputs, &c).unwrap();
     assert_eq!(got, payload);
     assert_eq!(v, delta::decode(&payload.mean, ranges[2].len()).unwrap());
-    // One signature only, a signer who is not the second reducer, or two payloads: refused.
+    // No reducer named, one signature only, a signer who is not the second reducer, or two
+    // payloads: refused.
+    assert!(open_reduced(&both, &[], &inputs, &c).is_err());
     assert!(open_reduced(&both[..1], &reducers, &inputs, &c).is_err());
     assert!(
         open_reduced(
