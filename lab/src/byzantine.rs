@@ -115,6 +115,9 @@ pub struct ByzantineArgs {
     /// Plot the final losses against the honest-only baseline (SVG).
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Aggregate slice by slice, as reducers inside the network do (`sim --reduce S:CODEC`).
+    #[arg(long, value_parser = crate::sim::parse_reduce)]
+    pub reduce: Option<String>,
 }
 
 /// One run of the table.
@@ -151,6 +154,9 @@ pub struct ByzantineConfig {
     pub outer_momentum: f32,
     pub inner_optimizer: String,
     pub batch_size: u32,
+    /// `--reduce`, when set.
+    #[serde(default)]
+    pub reduce: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -309,7 +315,12 @@ fn simulate(
         aggregator,
         outer_lr: setup.outer_lr,
         outer_momentum: setup.outer_momentum,
-        slicing: None,
+        slicing: a
+            .reduce
+            .as_deref()
+            .map(crate::sim::slicing)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
     };
     let workers_n = if attack == Attack::None {
         honest + malicious
@@ -439,6 +450,7 @@ pub fn run_byzantine(a: ByzantineArgs) -> anyhow::Result<ByzantineReport> {
         outer_momentum: settings.outer_momentum,
         inner_optimizer: settings.inner_optimizer.to_string(),
         batch_size: settings.batch_size,
+        reduce: a.reduce.clone(),
     };
     println!(
         "bench byzantine: {} workers, preset {}, H = {}, {} steps, codec {}, commit {}",
