@@ -557,12 +557,15 @@ def reduce_rows():
     about = {
         "4:fp32": "4 slices, means sent as fp32 (block-wise clipping alone)",
         "4:int8:64": "**4 slices, means sent as int8:64**",
-        "4:int4:64": "4 slices, means sent as int4:64",
+        "4:int4:64": "4 slices, means sent as int4:64 (half the bytes of int8)",
         "16:int8:64": "16 slices, means sent as int8:64",
     }
     rows = [["all-to-all (every node averages whole contributions)",
              f"{base['final_val_loss']:.4f}", "1", "42", f"④ · {commit_of(base_file, '?')} · `{base_file}`"]]
-    for name, (r, f) in sorted(found.items()):
+    order = list(about)
+    for name, (r, f) in sorted(found.items(), key=lambda kv: (
+            order.index(kv[0].split("reduce=")[-1]) if kv[0].split("reduce=")[-1] in order
+            else len(order), kv[0])):
         if name == base_name:
             continue
         spec = name.split("reduce=")[1]
@@ -571,6 +574,20 @@ def reduce_rows():
                      f"**{loss / base['final_val_loss']:.4f}×**", "42",
                      f"④ · {commit_of(f, '?')} · `{f}`"])
     return rows
+
+
+def byz_mean(files, attack="signflip"):
+    rs = [r for f in files for r in runs(f) if r["attack"] == attack]
+    return f"{statistics.mean(r['final_val_loss'] / r['honest_only_val_loss'] for r in rs):.4f}×"
+
+
+def byz_reduce():
+    return byz_mean(["docs/bench/byzantine/reduce-8-int8-s42.json",
+                     "docs/bench/byzantine/reduce-8-int8-s43-44.json"])
+
+
+def byz_whole():
+    return byz_mean(["docs/bench/byzantine/whole-s42-44.json"])
 
 
 def table(header, rows):
@@ -764,7 +781,12 @@ def page():
         "each). The bytes each node moves per round with int8 means, every message encoded as "
         "it travels (unit test `a_nodes_bytes_per_round_stay_flat_as_the_swarm_grows`, 200,000 "
         "values): 356 KB up and down at N = 4, 392 / 376 KB at N = 16 (1.10× / 1.06×); "
-        "all-to-all: 329 KB at 4, 1.65 MB at 16. Not yet the swarm's round: the daemon still "
+        "all-to-all: 329 KB at 4, 1.65 MB at 16. Attacks against slice-by-slice clipping "
+        "(`nightshift-lab byzantine --seeds 42,43,44 --malicious 2 --aggregators cclip:1:3 "
+        "--reduce 8:int8:64`, the Trust row's setting, a59778a, "
+        "`docs/bench/byzantine/reduce-8-int8-s*.json` against `whole-s42-44.json`): the worst, "
+        f"signflip, at **{byz_reduce()}** of the honest workers' loss, against {byz_whole()} "
+        "clipping whole deltas in the same run. Not yet the swarm's round: the daemon still "
         "averages whole contributions (the Scale rows above).",
         "",
         "## Links: how fast a swarm trains as its links get slower (`nightshift-lab links`, V2)",
