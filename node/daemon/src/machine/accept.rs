@@ -1,10 +1,9 @@
 //! Pure round logic: accepting a contribution and aggregating a round. No I/O, so every rule
 //! here is tested directly.
 
+use nightshift_model::outer::{NoiseSums, noise_ratio_of, noise_sums, update_noise_with};
 use nightshift_model::robust::{bound_norms, centered_clip};
-use nightshift_model::{
-    ErrorFeedback, WeightedDelta, partial_round_scale, update_noise, weighted_average,
-};
+use nightshift_model::{ErrorFeedback, WeightedDelta, partial_round_scale, weighted_average};
 use nightshift_protocol::{
     Aggregator, Contribution, DecodeError, DeltaCodec, DeltaError, EncodedDelta, Expectation,
     Hash32, MAX_EXPECTED, PayloadKind, SignedEnvelope, VerifyError, delta, wire,
@@ -159,11 +158,27 @@ pub fn aggregate_with(
             weight: a.tokens as f64,
         })
         .collect();
+    aggregate_parts(&parts, aggregator)
+}
+
+/// `parts` combined by `aggregator`, in the given order.
+pub fn aggregate_parts(parts: &[WeightedDelta<'_>], aggregator: Aggregator) -> Option<Vec<f32>> {
     match aggregator {
-        Aggregator::Mean => weighted_average(&parts),
+        Aggregator::Mean => weighted_average(parts),
         Aggregator::CenteredClip { clip_mult, iters } => {
-            centered_clip(&parts, clip_mult as f64, iters)
+            centered_clip(parts, clip_mult as f64, iters)
         }
+    }
+}
+
+/// The sums of the round's noise ratio over `deltas`: of the norm-bounded deltas with a robust
+/// aggregator, so an oversized contribution cannot inflate it.
+pub fn round_noise_sums(deltas: &[&[f32]], aggregator: Aggregator) -> Option<NoiseSums> {
+    if aggregator.is_robust() {
+        let bounded = bound_norms(deltas);
+        noise_sums(&bounded.iter().map(Vec::as_slice).collect::<Vec<_>>())
+    } else {
+        noise_sums(deltas)
     }
 }
 
@@ -197,13 +212,8 @@ pub fn round_step(
 ) -> Option<RoundStep> {
     let delta = aggregate_with(accepted, aggregator)?;
     let deltas: Vec<&[f32]> = accepted.values().map(|a| a.delta.as_slice()).collect();
-    let noise = if aggregator.is_robust() {
-        let bounded = bound_norms(&deltas);
-        let refs: Vec<&[f32]> = bounded.iter().map(Vec::as_slice).collect();
-        update_noise(noise, &refs)
-    } else {
-        update_noise(noise, &deltas)
-    };
+    let sums = round_noise_sums(&deltas, aggregator);
+    let noise = update_noise_with(noise, sums.and_then(|s| noise_ratio_of(&[s])));
     let expected: Vec<u32> = accepted.values().map(|a| a.expected).collect();
     Some(scaled_step(delta, noise, &expected))
 }
@@ -234,6 +244,7 @@ pub(super) fn scaled_step(mut delta: Vec<f32>, noise: Option<f64>, expected: &[u
 mod tests {
     use super::*;
     use ed25519_dalek::SigningKey;
+    use nightshift_model::update_noise;
     use nightshift_protocol::signed::EnvelopeHeader;
 
     const N: usize = 64;

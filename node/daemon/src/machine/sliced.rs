@@ -8,11 +8,8 @@
 //! clipping clips each slice by its own radius (block-wise robust aggregation): a contribution
 //! far off in one slice pulls that slice alone.
 
-use super::accept::{Accepted, RoundStep, scaled_step};
-use nightshift_model::outer::{
-    NoiseSums, WeightedDelta, noise_ratio_of, noise_sums, update_noise_with, weighted_average,
-};
-use nightshift_model::robust::{bound_norms, centered_clip};
+use super::accept::{Accepted, RoundStep, aggregate_parts, round_noise_sums, scaled_step};
+use nightshift_model::outer::{NoiseSums, WeightedDelta, noise_ratio_of, update_noise_with};
 use nightshift_protocol::slices::round_slices;
 use nightshift_protocol::{Aggregator, DeltaCodec, EncodedDelta, delta};
 use std::collections::BTreeMap;
@@ -41,19 +38,9 @@ pub fn reduce_slice(
     aggregator: Aggregator,
     mean_codec: DeltaCodec,
 ) -> Option<(EncodedDelta, Vec<f32>, Option<NoiseSums>)> {
-    let mean = match aggregator {
-        Aggregator::Mean => weighted_average(parts)?,
-        Aggregator::CenteredClip { clip_mult, iters } => {
-            centered_clip(parts, clip_mult as f64, iters)?
-        }
-    };
+    let mean = aggregate_parts(parts, aggregator)?;
     let deltas: Vec<&[f32]> = parts.iter().map(|p| p.delta).collect();
-    let sums = if aggregator.is_robust() {
-        let bounded = bound_norms(&deltas);
-        noise_sums(&bounded.iter().map(Vec::as_slice).collect::<Vec<_>>())
-    } else {
-        noise_sums(&deltas)
-    };
+    let sums = round_noise_sums(&deltas, aggregator);
     let encoded = delta::encode(mean_codec, &mean);
     let sent = delta::decode(&encoded, mean.len()).ok()?;
     Some((encoded, sent, sums))
