@@ -542,37 +542,39 @@ def shard_rows():
 
 
 def reduce_rows():
-    """Averaging slice by slice: DiLoCo's final loss against all-to-all averaging."""
+    """Averaging slice by slice: DiLoCo's final loss against all-to-all averaging, per seed."""
     files = sorted((BENCH / "reduce").glob("*-s*.json"))
-    if not files:
-        return []
-    found = {}
+    found = {}  # (spec, seed) -> (run, file); spec None: all-to-all
     for f in files:
-        for r in runs(f"docs/bench/reduce/{f.name}"):
-            found[r["name"]] = (r, f"docs/bench/reduce/{f.name}")
-    base_name = next((n for n in found if "reduce=" not in n), None)
-    if base_name is None:
-        return []
-    base, base_file = found[base_name]
+        path = f"docs/bench/reduce/{f.name}"
+        for r in runs(path):
+            spec = r["name"].split("reduce=")[1] if "reduce=" in r["name"] else None
+            found[(spec, r["seed"])] = (r, path)
     about = {
+        None: "all-to-all (every node averages whole contributions)",
         "4:fp32": "4 slices, means sent as fp32 (block-wise clipping alone)",
         "4:int8:64": "**4 slices, means sent as int8:64**",
         "4:int4:64": "4 slices, means sent as int4:64 (half the bytes of int8)",
         "16:int8:64": "16 slices, means sent as int8:64",
     }
-    rows = [["all-to-all (every node averages whole contributions)",
-             f"{base['final_val_loss']:.4f}", "1", "42", f"④ · {commit_of(base_file, '?')} · `{base_file}`"]]
     order = list(about)
-    for name, (r, f) in sorted(found.items(), key=lambda kv: (
-            order.index(kv[0].split("reduce=")[-1]) if kv[0].split("reduce=")[-1] in order
-            else len(order), kv[0])):
-        if name == base_name:
-            continue
-        spec = name.split("reduce=")[1]
-        loss = r["final_val_loss"]
-        rows.append([about.get(spec, spec), f"{loss:.4f}",
-                     f"**{loss / base['final_val_loss']:.4f}×**", "42",
-                     f"④ · {commit_of(f, '?')} · `{f}`"])
+    specs = sorted({k[0] for k in found}, key=lambda x: order.index(x) if x in order else 99)
+    rows = []
+    for spec in specs:
+        seeds = sorted(seed for (sp, seed) in found if sp == spec)
+        losses, ratios, paths = [], [], []
+        for seed in seeds:
+            r, path = found[(spec, seed)]
+            base = found.get((None, seed))
+            losses.append(f"{r['final_val_loss']:.4f}")
+            if spec is not None and base:
+                ratios.append(f"**{r['final_val_loss'] / base[0]['final_val_loss']:.4f}×**")
+            paths.append(path)
+        ratio = " / ".join(ratios) if spec is not None else "1"
+        commits = sorted({commit_of(p, '?') for p in paths})
+        files_ = ", ".join(f"`{p}`" for p in sorted(set(paths)))
+        rows.append([about.get(spec, spec), " / ".join(losses), ratio,
+                     ", ".join(str(s) for s in seeds), f"④ · {', '.join(commits)} · {files_}"])
     return rows
 
 
@@ -771,14 +773,15 @@ def page():
         "(`convergence --runs reduce`), against every node averaging whole contributions. With "
         "the mean aggregator and fp32 means the two are the same bit for bit (unit test); with "
         "the shipped centered clipping each slice is clipped by its own radius. DiLoCo K = 4, "
-        "H = 25, 1,000 steps a node, the shipped recipe and corpus, through the simulator. One seed.",
+        "H = 25, 1,000 steps a node, the shipped recipe and corpus, through the simulator; "
+        "figures per seed, each ratio against the all-to-all run of its seed.",
         "",
         table(["averaging", "final loss", "ratio to all-to-all", "seed", "command · commit · data"],
               reduce_rows()),
         "",
         "④ `RAYON_NUM_THREADS=1 nightshift-lab convergence --runs diloco,reduce --k 4 --h 25 "
-        "--reduce S:CODEC,... --seed 42` (two invocations at a time on the 2 cores, one thread "
-        "each). The bytes each node moves per round with int8 means, every message encoded as "
+        "--reduce S:CODEC,... --seed S` (two invocations at a time on the 2 cores, one thread "
+        "each; seed 43: the all-to-all run and the int4 one, at 831359c). The bytes each node moves per round with int8 means, every message encoded as "
         "it travels (unit test `a_nodes_bytes_per_round_stay_flat_as_the_swarm_grows`, 200,000 "
         "values): 356 KB up and down at N = 4, 392 / 376 KB at N = 16 (1.10× / 1.06×); "
         "all-to-all: 329 KB at 4, 1.65 MB at 16. Attacks against slice-by-slice clipping "
