@@ -415,9 +415,6 @@ pub fn inputs_digest(inputs: &[ReducedInput]) -> Hash32 {
     Hash32::of(&[b"nightshift/reduced-inputs/v1\0", &wire::encode(&inputs)])
 }
 
-/// Largest encoded [`ReducedInputs`].
-pub const MAX_INPUTS_BYTES: usize = MAX_REDUCED_INPUTS * 90 + 64;
-
 /// The most a reduced slice's payload may take for a slice of `values` values.
 pub fn max_reduced_bytes(values: usize) -> usize {
     values * 4 + 1024
