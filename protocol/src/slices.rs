@@ -320,9 +320,9 @@ fn check_header(h: &SlicedContribution, ctx: &SliceContext<'_>) -> Result<(), Sl
             h.tokens, ctx.max_tokens
         ));
     }
-    if h.expected > MAX_EXPECTED {
+    if h.expected == 0 || h.expected > MAX_EXPECTED {
         return bad(format!(
-            "expects {} contributions (limit {MAX_EXPECTED})",
+            "expects {} contributions (between 1 and {MAX_EXPECTED})",
             h.expected
         ));
     }
@@ -332,14 +332,16 @@ fn check_header(h: &SlicedContribution, ctx: &SliceContext<'_>) -> Result<(), Sl
     Ok(())
 }
 
-/// Checks a slice: its header's signature and bindings (swarm, round, base, member), the
-/// header's figures against the swarm's rules, the slice's place in the Merkle tree its sender
-/// signed, and its values (length, finite). Bounded before anything is decoded.
+/// Checks a sliced contribution's signed header: its signature and bindings (swarm, round,
+/// base, member) and its figures against the swarm's rules (codec, length, slices, tokens).
 ///
 /// # Errors
-/// The first reason the slice is unacceptable.
-pub fn open_slice(slice: &Slice, ctx: &SliceContext<'_>) -> Result<OpenedSlice, SliceError> {
-    let payload = slice.envelope.verify(&Expectation {
+/// The first reason the header is unacceptable.
+pub fn open_header(
+    envelope: &SignedEnvelope,
+    ctx: &SliceContext<'_>,
+) -> Result<SlicedContribution, SliceError> {
+    let payload = envelope.verify(&Expectation {
         kind: PayloadKind::SlicedContribution,
         swarm_id: ctx.swarm_id,
         round: ctx.round,
@@ -349,6 +351,17 @@ pub fn open_slice(slice: &Slice, ctx: &SliceContext<'_>) -> Result<OpenedSlice, 
     })?;
     let header: SlicedContribution = wire::decode(payload, MAX_SLICED_HEADER_BYTES)?;
     check_header(&header, ctx)?;
+    Ok(header)
+}
+
+/// Checks a slice: its header's signature and bindings (swarm, round, base, member), the
+/// header's figures against the swarm's rules, the slice's place in the Merkle tree its sender
+/// signed, and its values (length, finite). Bounded before anything is decoded.
+///
+/// # Errors
+/// The first reason the slice is unacceptable.
+pub fn open_slice(slice: &Slice, ctx: &SliceContext<'_>) -> Result<OpenedSlice, SliceError> {
+    let header = open_header(&slice.envelope, ctx)?;
     if slice.index >= header.slices {
         return Err(SliceError::NoSuchSlice {
             index: slice.index,

@@ -125,9 +125,9 @@ pub struct SimArgs {
     #[arg(long)]
     #[serde(default)]
     pub overlap: bool,
-    /// Average each round slice by slice, as reducers inside the network do: `S:CODEC` (S
-    /// slices, the reducers' means sent as CODEC, e.g. `4:int8:64`). The nodes' outer step
-    /// only; contributions still travel whole. Unset: nodes average whole contributions.
+    /// Average each round slice by slice through reducers inside the network: `S:CODEC` (S
+    /// slices, 0: one per contributor to the round before; the reducers' means sent as CODEC,
+    /// e.g. `0:int8:64`). Unset: nodes send whole contributions to every peer.
     #[arg(long, value_parser = parse_reduce)]
     #[serde(default)]
     pub reduce: Option<String>,
@@ -146,10 +146,10 @@ pub fn slicing(s: &str) -> Result<nightshift_node::machine::sliced::Slicing, Str
     let slices: u32 = n
         .parse()
         .ok()
-        .filter(|n| (1..=nightshift_protocol::slices::MAX_SLICES).contains(n))
+        .filter(|n| (0..=nightshift_protocol::slices::MAX_SLICES).contains(n))
         .ok_or_else(|| {
             format!(
-                "{s:?}: slices must be 1..={}",
+                "{s:?}: slices must be 0..={} (0: one per contributor)",
                 nightshift_protocol::slices::MAX_SLICES
             )
         })?;

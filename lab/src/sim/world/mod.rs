@@ -4,8 +4,9 @@
 
 use ed25519_dalek::SigningKey;
 use nightshift_node::machine::{
-    Config, How, Input, Key, Millis, Output, RoundMachine, Start, Trained,
+    Config, How, Input, Key, Millis, Output, Reduced, RoundMachine, Start, Trained,
 };
+use nightshift_protocol::slices::Slice;
 use nightshift_protocol::{Hash32, SignedEnvelope, StateSnapshot, Status, wire};
 
 use rand::{Rng, SeedableRng};
@@ -58,6 +59,9 @@ struct Node {
     speed: Option<f64>,
     served_status: Option<Status>,
     served: BTreeMap<(u64, Key), Arc<SignedEnvelope>>,
+    /// Slices served (round, sender, index) and reduced slices (round, index).
+    slices: BTreeMap<(u64, Key, u32), Arc<Slice>>,
+    reduced: BTreeMap<(u64, u32), Arc<Reduced>>,
     /// The last checkpoint (what a restart resumes from) and its hash.
     checkpoint: Arc<StateSnapshot>,
     checkpoint_hash: Hash32,
@@ -112,6 +116,8 @@ enum Ev {
 enum Req {
     Status,
     Contribution { round: u64, sender: Key },
+    Slice { round: u64, sender: Key, index: u32 },
+    Reduced { round: u64, index: u32 },
     State { round: u64, hash: Hash32 },
 }
 
@@ -198,6 +204,8 @@ impl World {
                     speed: None,
                     served_status: None,
                     served: BTreeMap::new(),
+                    slices: BTreeMap::new(),
+                    reduced: BTreeMap::new(),
                     checkpoint: genesis.clone(),
                     previous: None,
                     checkpoint_hash: genesis_hash,
@@ -242,6 +250,8 @@ impl World {
                 speed: None,
                 served_status: None,
                 served: BTreeMap::new(),
+                slices: BTreeMap::new(),
+                reduced: BTreeMap::new(),
                 checkpoint: genesis.clone(),
                 checkpoint_hash: genesis_hash,
                 previous: None,
@@ -457,6 +467,8 @@ impl World {
         n.machine = None;
         n.epoch += 1;
         n.served.clear();
+        n.slices.clear();
+        n.reduced.clear();
         n.served_status = None;
         let key = n.key;
         for j in n.neighbours.clone() {

@@ -84,6 +84,21 @@ impl World {
                 sender: *sender,
             },
             Req::State { hash, .. } => Input::StateFailed { hash: *hash },
+            Req::Slice {
+                round,
+                sender,
+                index,
+            } => Input::SliceNotFound {
+                from,
+                round: *round,
+                sender: *sender,
+                index: *index,
+            },
+            Req::Reduced { round, index } => Input::ReducedNotFound {
+                from,
+                round: *round,
+                index: *index,
+            },
         }
     }
 
@@ -121,6 +136,26 @@ impl World {
                             sender: *sender,
                         },
                     ),
+                }
+            }
+            Req::Slice {
+                round,
+                sender,
+                index,
+            } => match self.nodes[b].slices.get(&(*round, *sender, *index)).cloned() {
+                Some(slice) => (
+                    wire::encode(&*slice).len() as u64,
+                    Input::Slice { from, slice },
+                ),
+                None => (16, self.failed_answer(b, &req)),
+            },
+            Req::Reduced { round, index } => {
+                match self.nodes[b].reduced.get(&(*round, *index)).cloned() {
+                    Some(reduced) => (
+                        wire::encode(&*reduced).len() as u64,
+                        Input::Reduced { from, reduced },
+                    ),
+                    None => (16, self.failed_answer(b, &req)),
                 }
             }
             Req::State { round, hash } => {

@@ -86,7 +86,59 @@ impl World {
                     .served
                     .insert((env.header.round, env.header.sender), env);
             }
-            Output::ForgetBefore(r) => self.nodes[i].served.retain(|(round, _), _| *round >= r),
+            Output::ForgetBefore(r) => {
+                let n = &mut self.nodes[i];
+                n.served.retain(|(round, _), _| *round >= r);
+                n.slices.retain(|(round, _, _), _| *round >= r);
+                n.reduced.retain(|(round, _), _| *round >= r);
+            }
+            Output::HoldSlices(slices) => {
+                for s in slices {
+                    let key = (s.envelope.header.round, s.envelope.header.sender, s.index);
+                    self.nodes[i].slices.insert(key, s);
+                }
+            }
+            Output::FetchSlice {
+                from,
+                round,
+                sender,
+                index,
+            } => {
+                if let Some(&j) = self.index.get(&from) {
+                    self.request(
+                        i,
+                        j,
+                        Req::Slice {
+                            round,
+                            sender,
+                            index,
+                        },
+                    );
+                }
+            }
+            Output::SendReduced { to, reduced } => {
+                let bytes = wire::encode(&*reduced).len() as u64;
+                let from = self.nodes[i].key;
+                for k in to {
+                    if let Some(&j) = self.index.get(&k) {
+                        let input = Input::Reduced {
+                            from,
+                            reduced: reduced.clone(),
+                        };
+                        self.send(i, j, bytes, input);
+                    }
+                }
+            }
+            Output::HoldReduced {
+                round,
+                index,
+                reduced,
+            } => _ = self.nodes[i].reduced.insert((round, index), reduced),
+            Output::FetchReduced { from, round, index } => {
+                if let Some(&j) = self.index.get(&from) {
+                    self.request(i, j, Req::Reduced { round, index });
+                }
+            }
             Output::Fetch {
                 from,
                 round,

@@ -3,6 +3,8 @@
 //! or the next round (replayed from ours), or a state further on by attestation — and then train
 //! at once, join the round under way for the time it has left, or wait for it to end.
 
+use super::combine::{Combining, Outcome};
+use super::reducer::RoundSlices;
 use super::rules::{Candidate, Claim, Held, candidates, group_claims, replay_round};
 use super::*;
 
@@ -34,6 +36,16 @@ struct Replay {
     asking: BTreeMap<Key, (Vec<Key>, usize, Millis)>,
     bytes: u64,
     until: Millis,
+    /// A round averaged slice by slice: its combining, once every header is in.
+    combining: Option<Combining>,
+}
+
+/// The combining of the replay under way, if any.
+pub(super) fn replay_combining(v: &mut Verifying) -> Option<&mut Combining> {
+    match &mut v.current {
+        Some(Attempt::Replay(rp)) => rp.combining.as_mut(),
+        _ => None,
+    }
 }
 
 impl RoundMachine {
@@ -218,6 +230,7 @@ impl RoundMachine {
             asking,
             bytes: 0,
             until: now + REPLAY_TIMEOUT_MS,
+            combining: None,
         })
     }
 
@@ -334,6 +347,9 @@ impl RoundMachine {
         if !rp.asking.is_empty() {
             return;
         }
+        if let Some(slicing) = self.cfg.recipe.round_slicing(&rp.base) {
+            return self.replay_sliced(now, slicing);
+        }
         let envs: Vec<Arc<SignedEnvelope>> = rp
             .claim
             .formed_by
@@ -391,6 +407,125 @@ impl RoundMachine {
             Err(e) => {
                 let fault = e.is_fault();
                 self.attempt_failed(now, e.to_string(), fault);
+            }
+        }
+    }
+
+    /// Replays a round averaged slice by slice: the claim's headers verified, its reduced
+    /// slices fetched from the claim's holders (checked against the round's reducers'
+    /// signatures) or computed from the members' slices, the step taken and its hash compared.
+    fn replay_sliced(&mut self, now: Millis, slicing: sliced::Slicing) {
+        let peers = self.connected_keys();
+        let me = self.me;
+        let own = self.own_slices.clone();
+        let Stage::Verifying(Verifying {
+            current: Some(Attempt::Replay(rp)),
+            ..
+        }) = &mut self.stage
+        else {
+            return;
+        };
+        if rp.combining.is_none() {
+            let mut set = BTreeMap::new();
+            for id in &rp.claim.formed_by {
+                let Some(env) = rp.have.get(&id.sender) else {
+                    continue;
+                };
+                let recipe = &self.cfg.recipe;
+                let rules = RoundSlices {
+                    recipe: recipe.clone(),
+                    round: rp.base.round,
+                    base_hash: rp.base_hash,
+                    slicing,
+                };
+                match sliced::accept_header(&rules.context(), env) {
+                    Ok(a) => _ = set.insert(a.sender, a),
+                    Err(e) => {
+                        let reason = format!("{}'s contribution: {e}", short(&id.sender));
+                        return self.attempt_failed(now, reason, true);
+                    }
+                }
+            }
+            if set.is_empty() {
+                return self.attempt_failed(now, "a state formed by nothing".into(), true);
+            }
+            let rules = RoundSlices {
+                recipe: self.cfg.recipe.clone(),
+                round: rp.base.round,
+                base_hash: rp.base_hash,
+                slicing,
+            };
+            let own = own
+                .as_ref()
+                .filter(|(r, _)| *r == rp.base.round)
+                .map(|(_, s)| s.as_slice());
+            let mut sources = rp.claim.holders.clone();
+            sources.truncate(rules::MAX_HOLDERS_ASKED);
+            rp.combining = Some(Combining::new(
+                now,
+                rules,
+                rp.base.noise,
+                &set,
+                me,
+                own,
+                sources,
+                &mut self.out,
+            ));
+            self.offer_early_reduced(now);
+        }
+        let Stage::Verifying(Verifying {
+            current: Some(Attempt::Replay(rp)),
+            ..
+        }) = &mut self.stage
+        else {
+            return;
+        };
+        let Some(c) = rp.combining.as_mut() else {
+            return;
+        };
+        match c.drive(now, &self.cfg.key, &peers, &mut self.out) {
+            Outcome::Pending => {}
+            Outcome::Failed(reason) => self.attempt_failed(now, reason, false),
+            Outcome::Done(step, formed) => {
+                let next = self.cfg.recipe.next_state(&rp.base, &step, formed);
+                let hash = next.hash();
+                if hash != rp.claim.hash {
+                    let reason = format!(
+                        "replayed to {}, not the claimed {}",
+                        hash.short(),
+                        rp.claim.hash.short()
+                    );
+                    return self.attempt_failed(now, reason, true);
+                }
+                let bytes = rp.bytes + c.bytes;
+                let Stage::Verifying(v) = &mut self.stage else {
+                    return;
+                };
+                let Some(Attempt::Replay(rp)) = v.current.take() else {
+                    return;
+                };
+                v.left = v.left.saturating_sub(1);
+                for env in rp.have.into_values() {
+                    self.hold(rp.base.round, env);
+                }
+                let reason = if rp.fork {
+                    "diverged from the swarm"
+                } else {
+                    "behind the swarm"
+                };
+                self.adopt(
+                    next,
+                    hash,
+                    Some((rp.base, rp.base_hash)),
+                    How::Synced {
+                        from: rp.claim.holders[0],
+                        reason,
+                        verified: "replay",
+                        bytes,
+                        replaced: None,
+                    },
+                );
+                self.verify_step(now);
             }
         }
     }

@@ -3,6 +3,8 @@
 //! the deadline passes.
 
 use super::accept::accept;
+use super::reducer::RoundSlices;
+use super::sliced::accept_header;
 use super::*;
 
 /// A round's collection under way.
@@ -173,6 +175,29 @@ impl RoundMachine {
         }
     }
 
+    /// Verifies a contribution to the round that starts from `base` (hash `base_hash`): whole,
+    /// or the signed header of a sliced one when the swarm averages slice by slice.
+    pub(super) fn accept_env(
+        &self,
+        base: &StateSnapshot,
+        base_hash: Hash32,
+        env: &SignedEnvelope,
+    ) -> Result<Accepted, String> {
+        let recipe = &self.cfg.recipe;
+        match recipe.round_slicing(base) {
+            None => accept(&recipe.context(base.round, base_hash), env).map_err(|e| e.to_string()),
+            Some(slicing) => {
+                let rules = RoundSlices {
+                    recipe: recipe.clone(),
+                    round: base.round,
+                    base_hash,
+                    slicing,
+                };
+                accept_header(&rules.context(), env).map_err(|e| e.to_string())
+            }
+        }
+    }
+
     /// Verifies and records one contribution for the current round.
     pub(super) fn consider(&mut self, from: Key, env: Arc<SignedEnvelope>) {
         let round = self.state.round;
@@ -198,8 +223,7 @@ impl RoundMachine {
         if !duplicate && collected.len() >= self.cfg.recipe.max_contributors() {
             return; // a round holds as many contributions as it may count
         }
-        let ctx = self.cfg.recipe.context(round, self.hash);
-        match accept(&ctx, &env) {
+        match self.accept_env(&self.state.clone(), self.hash, &env) {
             Ok(_) if duplicate => {
                 self.out.push(Output::Note(Note::Refused {
                     round,

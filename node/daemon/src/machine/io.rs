@@ -1,7 +1,9 @@
 //! What goes into the round machine ([`Input`]) and what comes out ([`Output`]).
 
 use super::{Key, Millis};
+use nightshift_protocol::slices::Slice;
 use nightshift_protocol::{Hash32, SignedEnvelope, StateSnapshot, Status};
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// What happens to a node.
@@ -40,6 +42,30 @@ pub enum Input {
         round: u64,
         sender: Key,
     },
+    /// One slice of a sliced contribution, answering [`Output::FetchSlice`]; not yet verified.
+    Slice {
+        from: Key,
+        slice: Arc<Slice>,
+    },
+    /// A [`Output::FetchSlice`] came back empty or failed.
+    SliceNotFound {
+        from: Key,
+        round: u64,
+        sender: Key,
+        index: u32,
+    },
+    /// A reduced slice, pushed by its checker (or its reducer, for the checker) or answering
+    /// [`Output::FetchReduced`]; not yet verified.
+    Reduced {
+        from: Key,
+        reduced: Arc<Reduced>,
+    },
+    /// A [`Output::FetchReduced`] came back empty or failed.
+    ReducedNotFound {
+        from: Key,
+        round: u64,
+        index: u32,
+    },
     /// A state downloaded for [`Output::FetchState`]; its hash is checked here.
     State {
         from: Key,
@@ -56,6 +82,15 @@ pub enum Input {
     Window(bool),
     /// Ctrl-C: leave now.
     Shutdown,
+}
+
+/// A reduced slice as it travels: the envelopes of its reducers (the reducer's alone on its
+/// way to the checker; both once checked), all over one
+/// [`nightshift_protocol::slices::ReducedSlice`] payload. The inputs it counts do not travel
+/// with it: it names them by digest, and a node that can use it holds the same set already.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reduced {
+    pub signed: Vec<SignedEnvelope>,
 }
 
 /// What a round's inner steps produced.
@@ -97,6 +132,28 @@ pub enum Output {
     /// Ask `from` for `sender`'s contribution to `round`; the answer comes back as
     /// [`Input::Contribution`] or [`Input::NotFound`].
     Fetch { from: Key, round: u64, sender: Key },
+    /// Serve these slices (of our contribution, or gathered as a slice's reducer) to peers who
+    /// ask for them.
+    HoldSlices(Vec<Arc<Slice>>),
+    /// Ask `from` for slice `index` of `sender`'s contribution to `round`; the answer comes back
+    /// as [`Input::Slice`] or [`Input::SliceNotFound`].
+    FetchSlice {
+        from: Key,
+        round: u64,
+        sender: Key,
+        index: u32,
+    },
+    /// Send a reduced slice to these peers.
+    SendReduced { to: Vec<Key>, reduced: Arc<Reduced> },
+    /// Serve this reduced slice (signed by both its reducers) to peers who ask for it.
+    HoldReduced {
+        round: u64,
+        index: u32,
+        reduced: Arc<Reduced>,
+    },
+    /// Ask `from` for reduced slice `index` of `round`; the answer comes back as
+    /// [`Input::Reduced`] or [`Input::ReducedNotFound`].
+    FetchReduced { from: Key, round: u64, index: u32 },
     /// Download the state `hash` of `round` from one of `from`; the answer comes back as
     /// [`Input::State`] or [`Input::StateFailed`].
     FetchState {
@@ -227,6 +284,12 @@ pub enum Note {
     Stalled {
         round: u64,
         times: u32,
+    },
+    /// The round's averaging could not be completed: the node leaves the round and aligns to
+    /// what its peers formed.
+    LeftRound {
+        round: u64,
+        reason: String,
     },
     /// The window closed before the first step: nothing to send.
     Yielded {

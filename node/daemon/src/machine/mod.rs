@@ -27,6 +27,7 @@
 pub mod accept;
 mod align;
 mod collect;
+pub mod combine;
 mod io;
 pub mod reducer;
 pub mod rules;
@@ -39,13 +40,14 @@ mod train;
 use ed25519_dalek::SigningKey;
 use nightshift_model::ErrorFeedback;
 use nightshift_protocol::message::Phase;
+use nightshift_protocol::slices::Slice;
 use nightshift_protocol::{
     ContributionId, Hash32, NodeRole, SignedEnvelope, StateSnapshot, Status,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-pub use io::{How, Input, NewState, Note, Output, RoundSummary, Start, Trained};
+pub use io::{How, Input, NewState, Note, Output, Reduced, RoundSummary, Start, Trained};
 
 use accept::Accepted;
 use rules::{Recipe, Rejections};
@@ -168,6 +170,8 @@ enum Stage {
     },
     Collecting(collect::Collecting),
     Reconciling(step::Reconciling),
+    /// Averaging the agreed set slice by slice (a round of a swarm that averages so).
+    Combining(Box<combine::CombineStage>),
     Paused,
     /// A bootstrap between two looks for a newer state.
     Following {
@@ -210,6 +214,10 @@ pub struct RoundMachine {
     early: Option<Early>,
     trained_any: bool,
     tokens_per_sec: Option<f64>,
+    /// Our contribution's slices of the round we last trained (a sliced round).
+    own_slices: Option<(u64, Vec<Arc<Slice>>)>,
+    /// Reduced slices that came before the node was ready for them.
+    early_reduced: Vec<(Key, Arc<Reduced>)>,
     out: Vec<Output>,
 }
 
@@ -243,6 +251,8 @@ impl RoundMachine {
             early: None,
             trained_any: false,
             tokens_per_sec: None,
+            own_slices: None,
+            early_reduced: vec![],
             out: vec![],
         }
     }
@@ -285,6 +295,7 @@ impl RoundMachine {
             Stage::Training { .. } => "training",
             Stage::Collecting(_) => "collecting",
             Stage::Reconciling(_) => "reconciling",
+            Stage::Combining(_) => "combining",
             Stage::Paused => "paused",
             Stage::Following { .. } => "following",
             Stage::Done => "done",
@@ -377,6 +388,17 @@ impl RoundMachine {
                 round,
                 sender,
             } => self.on_not_found(now, from, round, sender),
+            Input::Slice { from, slice } => self.on_slice(now, from, slice),
+            Input::SliceNotFound {
+                from,
+                round,
+                sender,
+                index,
+            } => self.on_slice_not_found(now, from, round, sender, index),
+            Input::Reduced { from, reduced } => self.on_reduced(now, from, reduced),
+            Input::ReducedNotFound { from, round, index } => {
+                self.on_reduced_not_found(now, from, round, index)
+            }
             Input::State { from, state, bytes } => self.on_state(now, from, state, bytes),
             Input::StateFailed { hash } => self.on_state_failed(now, hash),
             Input::Trained(t) => {
@@ -439,6 +461,7 @@ impl RoundMachine {
                 Stage::Training { .. } | Stage::Done => {}
                 Stage::Collecting(_) => self.collect_step(now, tick),
                 Stage::Reconciling(_) => self.reconcile_step(now),
+                Stage::Combining(_) => self.combine_step(now),
                 Stage::Paused => {
                     if self.available || self.early_ended() {
                         self.begin_round(now);
@@ -621,7 +644,9 @@ impl RoundMachine {
 
     fn on_contribution(&mut self, now: Millis, from: Key, env: Arc<SignedEnvelope>) {
         match &self.stage {
-            Stage::Collecting(_) | Stage::Reconciling(_) => self.consider(from, env),
+            Stage::Collecting(_) | Stage::Reconciling(_) | Stage::Combining(_) => {
+                self.consider(from, env)
+            }
             Stage::Verifying(_) => self.replay_offer(now, from, env),
             _ => {
                 if env.header.round >= self.state.round {

@@ -7,7 +7,7 @@
 //! reducers ([`Combiner::offer`]), and takes the round's step from them ([`Combiner::step`]):
 //! the step [`super::sliced::sliced_round_step`] takes from the same contributions, bit for bit.
 //!
-//! Not wired to the network yet: the machine still averages whole contributions (issue 26).
+//! The machine runs them in a round that averages slice by slice (`combine.rs`).
 
 use super::Key;
 use super::accept::RoundStep;
@@ -112,6 +112,12 @@ impl Reducer {
     /// The contributions held.
     pub fn held(&self) -> impl Iterator<Item = ContributionId> + '_ {
         self.inputs.values().map(|o| o.id)
+    }
+
+    /// Whether every one of `ids` is held (the very contribution each names).
+    pub fn holds(&self, ids: &[ContributionId]) -> bool {
+        ids.iter()
+            .all(|id| self.inputs.get(&id.sender).is_some_and(|o| o.id == *id))
     }
 
     /// The reduced slice of exactly `ids` (all held when `None`), and the inputs it names, in
@@ -234,6 +240,38 @@ impl Combiner {
             .or_insert_with(|| inputs.to_vec());
         self.slices[i as usize] = Some((r, values));
         Ok(i)
+    }
+
+    /// Keeps a reduced slice this node computed itself from the slices it gathered (no
+    /// signature needed: it trusts its own arithmetic). Returns its index.
+    ///
+    /// # Errors
+    /// When its mean does not decode to the slice's length.
+    pub fn insert_own(
+        &mut self,
+        reduced: ReducedSlice,
+        inputs: &[ReducedInput],
+    ) -> Result<u32, SliceError> {
+        let ranges = self.rules.context().ranges()?;
+        let i = reduced.index;
+        let len = ranges
+            .get(i as usize)
+            .ok_or(SliceError::NoSuchSlice {
+                index: i,
+                slices: self.rules.slicing.slices,
+            })?
+            .len();
+        let values = nightshift_protocol::delta::decode(&reduced.mean, len)?;
+        self.inputs
+            .entry(reduced.inputs)
+            .or_insert_with(|| inputs.to_vec());
+        self.slices[i as usize] = Some((reduced, values));
+        Ok(i)
+    }
+
+    /// Whether reduced slice `index` is in.
+    pub fn has(&self, index: u32) -> bool {
+        self.slices.get(index as usize).is_some_and(Option::is_some)
     }
 
     /// Whether the input list `digest` is held already (a node fetches each list once).

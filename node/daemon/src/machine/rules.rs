@@ -27,6 +27,7 @@ use thiserror::Error;
 
 use super::accept::{Accepted, RoundContext, RoundStep, accept, round_step};
 use super::sliced::{Slicing, sliced_round_step};
+use nightshift_protocol::slices::MAX_SLICES;
 use super::{Key, Millis};
 
 /// Holders asked for one contribution before a replay gives up on it.
@@ -126,10 +127,41 @@ impl Recipe {
         base: &StateSnapshot,
         set: &BTreeMap<[u8; 32], Accepted>,
     ) -> Option<(StateSnapshot, RoundStep)> {
-        let step = match self.slicing {
+        let step = match self.round_slicing(base) {
             None => round_step(set, base.noise, self.aggregator)?,
             Some(s) => sliced_round_step(set, base.noise, self.aggregator, self.codec, s)?,
         };
+        let formed_by = set
+            .values()
+            .map(|a| ContributionId {
+                sender: a.sender,
+                digest: a.digest,
+            })
+            .collect();
+        Some((self.next_state(base, &step, formed_by), step))
+    }
+
+    /// How the round that starts from `base` cuts its contributions, when the swarm averages
+    /// slice by slice: the recipe's slice count, or (when it names none) one slice per
+    /// contributor to `base` — the round's reducers — as many as the model's blocks allow.
+    pub fn round_slicing(&self, base: &StateSnapshot) -> Option<Slicing> {
+        let s = self.slicing?;
+        if s.slices > 0 {
+            return Some(s);
+        }
+        let want = base.formed_by.len().clamp(1, MAX_SLICES as usize) as u32;
+        (1..=want).rev().map(|slices| Slicing { slices, ..s }).find(|s| {
+            s.ranges(self.num_params, self.codec).is_some()
+        })
+    }
+
+    /// θ(r+1) from `base` and the round's `step`, formed by `formed_by` (in key order).
+    pub fn next_state(
+        &self,
+        base: &StateSnapshot,
+        step: &RoundStep,
+        formed_by: Vec<ContributionId>,
+    ) -> StateSnapshot {
         let mut params = base.params.clone();
         let mut outer = OuterOptimizer {
             lr: self.outer_lr,
@@ -137,20 +169,13 @@ impl Recipe {
             buf: base.momentum.clone(),
         };
         outer.step(&mut params, &step.delta);
-        let state = StateSnapshot {
+        StateSnapshot {
             round: base.round + 1,
             params,
             momentum: outer.buf,
-            formed_by: set
-                .values()
-                .map(|a| ContributionId {
-                    sender: a.sender,
-                    digest: a.digest,
-                })
-                .collect(),
+            formed_by,
             noise: step.noise,
-        };
-        Some((state, step))
+        }
     }
 
     /// Whether the swarm's rules vouch for `claim` without a replay: a bootstrap named in the

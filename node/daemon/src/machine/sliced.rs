@@ -10,8 +10,9 @@
 
 use super::accept::{Accepted, RoundStep, aggregate_parts, round_noise_sums, scaled_step};
 use nightshift_model::outer::{NoiseSums, WeightedDelta, noise_ratio_of, update_noise_with};
-use nightshift_protocol::slices::round_slices;
-use nightshift_protocol::{Aggregator, DeltaCodec, EncodedDelta, delta};
+use nightshift_model::ErrorFeedback;
+use nightshift_protocol::slices::{SliceContext, SliceError, SlicedDelta, open_header, round_slices};
+use nightshift_protocol::{Aggregator, DeltaCodec, DeltaError, EncodedDelta, SignedEnvelope, delta};
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -91,6 +92,51 @@ pub fn sliced_round_step(
         .collect::<Option<Vec<_>>>()?;
     let expected: Vec<u32> = accepted.values().map(|a| a.expected).collect();
     combine(reduced, &expected, noise)
+}
+
+/// A sliced contribution's header verified against the round's rules, as the machine holds
+/// a contribution: sender, digest, tokens, loss and what it expected (its values travel in
+/// slices, to the reducers).
+///
+/// # Errors
+/// See [`open_header`].
+pub fn accept_header(ctx: &SliceContext<'_>, env: &SignedEnvelope) -> Result<Accepted, SliceError> {
+    let h = open_header(env, ctx)?;
+    Ok(Accepted {
+        sender: env.header.sender,
+        digest: env.digest(),
+        tokens: h.tokens,
+        train_loss: h.train_loss,
+        delta: vec![],
+        expected: h.expected,
+    })
+}
+
+/// This node's pseudo-gradient cut into `ranges` and encoded slice by slice (as
+/// [`super::accept::encode_delta`] encodes it whole: Δ = θ(r) − θ_local plus the error-feedback
+/// residual): the slices, and the values they decode to.
+///
+/// # Errors
+/// When Δ does not survive the codec (non-finite values from diverged training).
+pub fn encode_sliced(
+    base: &[f32],
+    local: &[f32],
+    codec: DeltaCodec,
+    ranges: &[Range<usize>],
+    ef: &mut ErrorFeedback,
+) -> Result<(SlicedDelta, Vec<f32>), DeltaError> {
+    let mut d: Vec<f32> = base.iter().zip(local).map(|(a, b)| a - b).collect();
+    ef.compensate(&mut d);
+    if let Some(i) = d.iter().position(|v| !v.is_finite()) {
+        return Err(DeltaError::NonFinite(i));
+    }
+    let sliced = SlicedDelta::encode(codec, &d, ranges);
+    let mut sent = Vec::with_capacity(d.len());
+    for (s, r) in sliced.slices.iter().zip(ranges) {
+        sent.extend(delta::decode(s, r.len())?);
+    }
+    ef.record(&d, &sent);
+    Ok((sliced, sent))
 }
 
 #[cfg(test)]

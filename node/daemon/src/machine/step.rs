@@ -17,7 +17,7 @@ pub(super) struct Reconciling {
     listed: bool,
     pending: Pending,
     until: Millis,
-    missed: usize,
+    pub(super) missed: usize,
 }
 
 impl RoundMachine {
@@ -188,16 +188,32 @@ impl RoundMachine {
 
     /// The swarm's aggregator and outer step on the round's set; the next round begins.
     fn outer_step(&mut self, now: Millis) {
+        if let Some(slicing) = self.cfg.recipe.round_slicing(&self.state) {
+            return self.start_combining(now, slicing);
+        }
         let Stage::Reconciling(rc) = std::mem::replace(&mut self.stage, Stage::Done) else {
             return;
         };
-        let r = self.state.round;
-        let set = rc.collecting.collected;
-        let Some((next, step)) = self.cfg.recipe.apply(&self.state, &set) else {
+        let Some((next, step)) = self.cfg.recipe.apply(&self.state, &rc.collecting.collected)
+        else {
             self.out.push(Output::Failed("nothing to average".into()));
             return;
         };
-        let own = rc.collecting.own;
+        self.stepped(now, next, step, rc.collecting, rc.missed);
+    }
+
+    /// The round's step is taken: hold θ(r+1) and begin the next round.
+    pub(super) fn stepped(
+        &mut self,
+        now: Millis,
+        next: StateSnapshot,
+        step: accept::RoundStep,
+        collecting: Collecting,
+        missed: usize,
+    ) {
+        let r = self.state.round;
+        let set = collecting.collected;
+        let own = collecting.own;
         let summary = RoundSummary {
             round: r + 1,
             contributors: set.len(),
@@ -209,8 +225,8 @@ impl RoundMachine {
             inner_steps: own.steps,
             train_loss: own.mean_loss,
             train_secs: own.secs,
-            wire_delta_bytes: rc.collecting.wire_delta_bytes,
-            missed_deadline: rc.missed,
+            wire_delta_bytes: collecting.wire_delta_bytes,
+            missed_deadline: missed,
         };
         debug_assert_eq!(ids(&set), next.formed_by);
         let hash = next.hash();

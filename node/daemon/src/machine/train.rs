@@ -3,7 +3,9 @@
 
 use super::accept::encode_delta;
 use super::collect::Collecting;
+use super::sliced::{Slicing, encode_sliced};
 use super::*;
+use nightshift_protocol::slices::{SlicedContribution, sign_sliced};
 use nightshift_protocol::message::MAX_EXPECTED;
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{Contribution, DeltaError, PayloadKind, wire};
@@ -104,15 +106,18 @@ impl RoundMachine {
         if !t.yielded || self.available {
             self.tokens_per_sec = Some(t.tokens as f64 / t.secs.max(1e-9));
         }
-        let from: &[f32] = base.as_deref().map_or(&self.state.params, |b| b);
-        let encoded = encode_delta(
-            from,
-            &t.params,
-            self.cfg.recipe.codec,
-            &self.cfg.recipe.shapes,
-            &mut self.ef,
-        );
-        let (enc, sent) = match encoded {
+        // The round's plan as this node sees it: the trainers working on it, itself included —
+        // those on it when we began (one that died since is a contribution missing, and the
+        // round's step shrinks for it) or now (one that joined late), whichever are more.
+        let now_peers = self.working_on(r).count() as u32;
+        let expected = (1 + planned_peers.max(now_peers)).min(MAX_EXPECTED);
+        let state = self.state.clone();
+        let from: &[f32] = base.as_deref().map_or(&state.params, |b| b);
+        let made = match self.cfg.recipe.round_slicing(&state) {
+            None => self.whole_contribution(from, &t, expected),
+            Some(s) => self.sliced_contribution(from, &t, expected, s),
+        };
+        let (env, wire_delta_bytes, sent) = match made {
             Ok(e) => e,
             Err(DeltaError::NonFinite(index)) => return self.diverged(now, r, index),
             Err(e) => {
@@ -123,31 +128,6 @@ impl RoundMachine {
                 return;
             }
         };
-        let wire_delta_bytes = enc.body.len() as u64;
-        // The round's plan as this node sees it: the trainers working on it, itself included —
-        // those on it when we began (one that died since is a contribution missing, and the
-        // round's step shrinks for it) or now (one that joined late), whichever are more.
-        let now_peers = self.working_on(r).count() as u32;
-        let expected = (1 + planned_peers.max(now_peers)).min(MAX_EXPECTED);
-        let contribution = Contribution {
-            tokens: t.tokens,
-            inner_steps: t.steps,
-            train_loss: t.mean_loss,
-            delta: enc,
-            expected,
-        };
-        let header = EnvelopeHeader {
-            kind: PayloadKind::Contribution,
-            swarm_id: self.cfg.recipe.swarm_id,
-            round: r,
-            sender: self.me,
-            base_hash: self.hash,
-        };
-        let env = Arc::new(SignedEnvelope::sign(
-            &self.cfg.key,
-            header,
-            wire::encode(&contribution),
-        ));
         let mut collected = BTreeMap::new();
         collected.insert(
             self.me,
@@ -196,6 +176,74 @@ impl RoundMachine {
                 self.consider(from, env);
             }
         }
+    }
+
+    /// Our contribution whole: Δ encoded with the swarm's codec, signed. Returns it, the bytes
+    /// of its delta and the values every peer decodes (which our step averages too).
+    fn whole_contribution(
+        &mut self,
+        from: &[f32],
+        t: &Trained,
+        expected: u32,
+    ) -> Result<(Arc<SignedEnvelope>, u64, Vec<f32>), DeltaError> {
+        let recipe = self.cfg.recipe.clone();
+        let (enc, sent) = encode_delta(from, &t.params, recipe.codec, &recipe.shapes, &mut self.ef)?;
+        let bytes = enc.body.len() as u64;
+        let contribution = Contribution {
+            tokens: t.tokens,
+            inner_steps: t.steps,
+            train_loss: t.mean_loss,
+            delta: enc,
+            expected,
+        };
+        let header = EnvelopeHeader {
+            kind: PayloadKind::Contribution,
+            swarm_id: recipe.swarm_id,
+            round: self.state.round,
+            sender: self.me,
+            base_hash: self.hash,
+        };
+        let env = SignedEnvelope::sign(&self.cfg.key, header, wire::encode(&contribution));
+        Ok((Arc::new(env), bytes, sent))
+    }
+
+    /// Our contribution cut into the round's slices: a small signed header (the slices' Merkle
+    /// root), the slices kept and served to the reducers that fetch them. Returns the header
+    /// and the bytes of the slices (no values: the step is taken from the reducers' slices).
+    fn sliced_contribution(
+        &mut self,
+        from: &[f32],
+        t: &Trained,
+        expected: u32,
+        slicing: Slicing,
+    ) -> Result<(Arc<SignedEnvelope>, u64, Vec<f32>), DeltaError> {
+        let recipe = self.cfg.recipe.clone();
+        let ranges = slicing
+            .ranges(recipe.num_params, recipe.codec)
+            .ok_or(DeltaError::WrongLength {
+                expected: recipe.num_params,
+                got: 0,
+            })?;
+        let (sliced, _) = encode_sliced(from, &t.params, recipe.codec, &ranges, &mut self.ef)?;
+        let header = SlicedContribution {
+            tokens: t.tokens,
+            inner_steps: t.steps,
+            train_loss: t.mean_loss,
+            expected,
+            codec: recipe.codec,
+            len: recipe.num_params as u64,
+            slices: slicing.slices,
+            root: sliced.root,
+        };
+        let r = self.state.round;
+        let env = sign_sliced(&self.cfg.key, recipe.swarm_id, r, self.hash, &header);
+        let bytes = sliced.slices.iter().map(|s| s.body.len() as u64).sum();
+        let slices: Vec<Arc<Slice>> = (0..sliced.slices.len())
+            .map(|j| Arc::new(sliced.slice(&env, j)))
+            .collect();
+        self.out.push(Output::HoldSlices(slices.clone()));
+        self.own_slices = Some((r, slices));
+        Ok((Arc::new(env), bytes, vec![]))
     }
 
     /// Our training of round `r` produced a non-finite parameter (at `index`): send nothing, start

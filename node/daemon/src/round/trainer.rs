@@ -439,6 +439,10 @@ impl<B: AutodiffBackend> Driver<B> {
                 times, "a better state did not verify yet; trying again before training alone"
             ),
             Note::Yielded { round } => debug!(round, "the window closed before the first step"),
+            Note::LeftRound { round, reason } => warn!(
+                round,
+                %reason, "the round's averaging could not be completed; aligning to the swarm"
+            ),
         }
     }
 }

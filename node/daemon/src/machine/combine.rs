@@ -1,0 +1,660 @@
+//! Combine: the end of a round averaged slice by slice ([`Recipe::slicing`]). The round's set X
+//! is agreed on small signed headers (collect and reconcile, as for whole contributions); then
+//! X's contributors, in key order, are the round's reducers: slice j of round r is reduced by
+//! member (j + r) mod n and checked by the next one ([`assigned`]). Each of them fetches slice j
+//! of every member of X from its sender (the header's Merkle root ties it to the sender's
+//! signature), the reducer sends its signed average to the checker, the checker recomputes it
+//! from its own copies and, when the bytes match, co-signs it and sends it to every peer. A node
+//! takes the round's step once it holds every slice ([`Combiner::step`], bit for bit
+//! [`super::sliced::sliced_round_step`] over X, which a replay computes too).
+//!
+//! What a node moves per round stays flat in n: it serves each of its slices twice (to the
+//! slice's reducer and checker), fetches the two slices it reduces and checks from every
+//! member, and receives each reduced slice once.
+//!
+//! Failures: a slice whose reduced form has not come within [`COMBINE_GRACE_MS`] the node
+//! computes itself, fetching that slice of every member (from its sender, else from the slice's
+//! reducer or checker); a checker whose result differs refuses to co-sign and computes its
+//! own; a round whose slices cannot all be had within [`COMBINE_MS`] is left, and the node
+//! aligns to what the swarm formed. A replay asks a claim's holders for the reduced slices
+//! (checked against the round's reducers' signatures) before computing any itself.
+
+use super::collect::Collecting;
+use super::reducer::{Combiner, Reducer, RoundSlices};
+use super::sliced::Slicing;
+use super::*;
+use accept::RoundStep;
+use nightshift_protocol::slices::{ReducedInput, ReducedSlice, Slice, inputs_digest};
+use nightshift_protocol::wire;
+
+pub use io::Reduced;
+
+/// How long a node waits for a slice's reduced form before it computes the slice itself.
+pub const COMBINE_GRACE_MS: Millis = 5_000;
+/// The longest a round's combining may take before the node leaves the round.
+pub const COMBINE_MS: Millis = 60_000;
+/// How long one slice fetch may take before the next holder is asked.
+pub const SLICE_FETCH_MS: Millis = 10_000;
+/// Reduced slices kept for a round the node has not reached the end of yet.
+pub const MAX_EARLY_REDUCED: usize = 64;
+
+/// The reducer and the checker of slice `j` of round `round`, among `members` (X's senders in
+/// key order; not empty).
+pub fn assigned(members: &[Key], round: u64, j: u32) -> (Key, Key) {
+    let n = members.len() as u64;
+    let a = (j as u64 + round) % n;
+    (members[a as usize], members[((a + 1) % n) as usize])
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Role {
+    /// Average the slice, sign it, send it to the checker.
+    Reduce,
+    /// Recompute the reducer's average and co-sign it.
+    Check,
+    /// Compute it for ourselves (its reducers were too slow, or we are X's only member).
+    Compute,
+}
+
+/// A slice this node gathers the inputs of.
+#[derive(Debug)]
+struct Work {
+    role: Role,
+    reducer: Reducer,
+    /// Per member still missing: the holders to ask, the one asked, and when.
+    asking: BTreeMap<Key, (Vec<Key>, usize, Millis)>,
+    done: bool,
+}
+
+/// A round's combining under way (the round's own, or a replay's).
+#[derive(Debug)]
+pub(super) struct Combining {
+    rules: RoundSlices,
+    members: Vec<Key>,
+    ids: Vec<ContributionId>,
+    inputs: Vec<ReducedInput>,
+    /// [`inputs_digest`] of the set: reduced slices over another set are of no use.
+    digest: Hash32,
+    combiner: Combiner,
+    work: BTreeMap<u32, Work>,
+    /// Reducers' single-signed slices waiting for our check.
+    to_check: BTreeMap<u32, SignedEnvelope>,
+    /// Peers asked for reduced slices (a replay asks a claim's holders): per slice, the one
+    /// asked and when.
+    sources: Vec<Key>,
+    asked: BTreeMap<u32, (usize, Millis)>,
+    /// The base state's noise ratio (the step's input).
+    noise: Option<f64>,
+    started: Millis,
+    until: Millis,
+    /// Bytes of slices and reduced slices received.
+    pub(super) bytes: u64,
+}
+
+/// What combining came to.
+pub(super) enum Outcome {
+    Pending,
+    /// Every slice is in: the step, and the contributions that formed it.
+    Done(RoundStep, Vec<ContributionId>),
+    Failed(String),
+}
+
+impl Combining {
+    /// Starts combining `set` (the round's agreed headers) under `rules`, as `me` (`own`: our
+    /// slices, when we contributed), asking `sources` for the reduced slices first (a replay).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        now: Millis,
+        rules: RoundSlices,
+        noise: Option<f64>,
+        set: &BTreeMap<Key, Accepted>,
+        me: Key,
+        own: Option<&[Arc<Slice>]>,
+        sources: Vec<Key>,
+        out: &mut Vec<Output>,
+    ) -> Self {
+        let members: Vec<Key> = set.keys().copied().collect();
+        let ids = ids(set);
+        let inputs: Vec<ReducedInput> = set
+            .values()
+            .map(|a| ReducedInput {
+                id: ContributionId {
+                    sender: a.sender,
+                    digest: a.digest,
+                },
+                tokens: a.tokens,
+                expected: a.expected,
+            })
+            .collect();
+        let digest = inputs_digest(&inputs);
+        let mut c = Combining {
+            combiner: Combiner::new(rules.clone()),
+            rules,
+            members,
+            ids,
+            inputs,
+            digest,
+            work: BTreeMap::new(),
+            to_check: BTreeMap::new(),
+            sources,
+            asked: BTreeMap::new(),
+            noise,
+            started: now,
+            until: now + COMBINE_MS,
+            bytes: 0,
+        };
+        let round = c.rules.round;
+        if c.sources.is_empty() {
+            for j in 0..c.slices() {
+                let (red, chk) = assigned(&c.members, round, j);
+                let role = match (red == me, chk == me) {
+                    (true, true) => Role::Compute,
+                    (true, false) => Role::Reduce,
+                    (false, true) => Role::Check,
+                    (false, false) => continue,
+                };
+                c.gather(now, j, role, me, own, out);
+            }
+        } else {
+            for j in 0..c.slices() {
+                c.asked.insert(j, (0, now));
+                out.push(Output::FetchReduced {
+                    from: c.sources[0],
+                    round,
+                    index: j,
+                });
+            }
+        }
+        c
+    }
+
+    fn slices(&self) -> u32 {
+        self.rules.slicing.slices
+    }
+
+    /// Starts gathering slice `j` of every member: ours from `own`, the others' fetched.
+    fn gather(
+        &mut self,
+        now: Millis,
+        j: u32,
+        role: Role,
+        me: Key,
+        own: Option<&[Arc<Slice>]>,
+        out: &mut Vec<Output>,
+    ) {
+        if let Some(w) = self.work.get_mut(&j) {
+            w.role = role;
+            w.done = false;
+            return;
+        }
+        let mut reducer = Reducer::new(self.rules.clone(), j);
+        if let Some(s) = own.and_then(|o| o.get(j as usize))
+            && self.ids.contains(&ContributionId::of(&s.envelope))
+        {
+            _ = reducer.offer(s);
+        }
+        let (red, chk) = assigned(&self.members, self.rules.round, j);
+        let mut asking = BTreeMap::new();
+        for id in &self.ids {
+            if reducer.holds(std::slice::from_ref(id)) {
+                continue;
+            }
+            let mut holders = vec![id.sender];
+            for h in [red, chk] {
+                if !holders.contains(&h) && h != me {
+                    holders.push(h);
+                }
+            }
+            holders.retain(|h| *h != me);
+            let Some(first) = holders.first().copied() else {
+                continue;
+            };
+            out.push(Output::FetchSlice {
+                from: first,
+                round: self.rules.round,
+                sender: id.sender,
+                index: j,
+            });
+            asking.insert(id.sender, (holders, 0, now));
+        }
+        self.work.insert(
+            j,
+            Work {
+                role,
+                reducer,
+                asking,
+                done: false,
+            },
+        );
+    }
+
+    /// A slice answering one of our fetches.
+    pub(super) fn on_slice(&mut self, now: Millis, from: Key, slice: &Arc<Slice>, out: &mut Vec<Output>) {
+        let j = slice.index;
+        let sender = slice.envelope.header.sender;
+        let Some(w) = self.work.get_mut(&j) else {
+            return;
+        };
+        if !w.asking.contains_key(&sender) || !self.ids.contains(&ContributionId::of(&slice.envelope)) {
+            return;
+        }
+        match w.reducer.offer(slice) {
+            Ok(_) => {
+                w.asking.remove(&sender);
+                self.bytes += slice.body.body.len() as u64;
+                out.push(Output::HoldSlices(vec![slice.clone()]));
+            }
+            Err(e) => {
+                out.push(Output::Note(Note::Refused {
+                    round: self.rules.round,
+                    from,
+                    reason: format!("slice {j} of {}: {e}", short(&sender)),
+                }));
+                self.slice_not_found(now, from, sender, j, out);
+            }
+        }
+    }
+
+    /// A holder had nothing (or failed) for a slice we asked it for: ask the next.
+    pub(super) fn slice_not_found(
+        &mut self,
+        now: Millis,
+        from: Key,
+        sender: Key,
+        j: u32,
+        out: &mut Vec<Output>,
+    ) {
+        let round = self.rules.round;
+        let Some((holders, i, at)) = self.work.get_mut(&j).and_then(|w| w.asking.get_mut(&sender))
+        else {
+            return;
+        };
+        if holders.get(*i) != Some(&from) {
+            return;
+        }
+        *i += 1;
+        *at = now;
+        if let Some(h) = holders.get(*i) {
+            out.push(Output::FetchSlice {
+                from: *h,
+                round,
+                sender,
+                index: j,
+            });
+        }
+    }
+
+    /// A reduced slice pushed to us or answering a fetch.
+    pub(super) fn on_reduced(&mut self, now: Millis, from: Key, reduced: &Arc<Reduced>, me: Key, out: &mut Vec<Output>) {
+        let Some(first) = reduced.signed.first() else {
+            return;
+        };
+        let refuse = |out: &mut Vec<Output>, reason: String| {
+            out.push(Output::Note(Note::Refused {
+                round: first.header.round,
+                from,
+                reason,
+            }));
+        };
+        let limit = nightshift_protocol::slices::max_reduced_bytes(self.rules.recipe.num_params);
+        let Ok(payload) = wire::decode::<ReducedSlice>(&first.payload, limit) else {
+            return refuse(out, "a reduced slice that does not decode".into());
+        };
+        let j = payload.index;
+        if j >= self.slices() || self.combiner.has(j) {
+            return;
+        }
+        if payload.inputs != self.digest {
+            // Averaged over another set than ours: of no use to our step.
+            return refuse(out, format!("reduced slice {j} over another set of contributions"));
+        }
+        let (red, chk) = assigned(&self.members, self.rules.round, j);
+        if reduced.signed.len() == 1 {
+            // The reducer's, for us to check.
+            let ours = self.work.get(&j).is_some_and(|w| w.role == Role::Check && !w.done);
+            if ours && first.header.sender == red && chk == me {
+                self.to_check.insert(j, first.clone());
+                self.bytes += first.payload.len() as u64;
+            }
+            return;
+        }
+        match self.combiner.offer(&reduced.signed, &[red, chk], &self.inputs) {
+            Ok(_) => {
+                self.bytes += first.payload.len() as u64;
+                if let Some(w) = self.work.get_mut(&j) {
+                    w.done = true;
+                    w.asking.clear();
+                }
+                out.push(Output::HoldReduced {
+                    round: self.rules.round,
+                    index: j,
+                    reduced: reduced.clone(),
+                });
+            }
+            Err(e) => refuse(out, format!("reduced slice {j}: {e}")),
+        }
+        let _ = now;
+    }
+
+    /// A source had no reduced slice `j` (a replay): ask the next, or compute it.
+    pub(super) fn reduced_not_found(&mut self, now: Millis, from: Key, j: u32, me: Key, out: &mut Vec<Output>) {
+        let Some((i, at)) = self.asked.get_mut(&j) else {
+            return;
+        };
+        if self.sources.get(*i) != Some(&from) || self.combiner.has(j) {
+            return;
+        }
+        *i += 1;
+        *at = now;
+        match self.sources.get(*i) {
+            Some(s) => out.push(Output::FetchReduced {
+                from: *s,
+                round: self.rules.round,
+                index: j,
+            }),
+            None => {
+                self.asked.remove(&j);
+                self.gather(now, j, Role::Compute, me, None, out);
+            }
+        }
+    }
+
+    /// Moves combining on: fetches that timed out go to the next holder, slices whose inputs
+    /// are all in are reduced, checked or computed, slices overdue are computed here.
+    pub(super) fn drive(
+        &mut self,
+        now: Millis,
+        key: &SigningKey,
+        peers: &[Key],
+        out: &mut Vec<Output>,
+    ) -> Outcome {
+        let me = key.verifying_key().to_bytes();
+        let round = self.rules.round;
+        // Fetches that timed out: the next holder.
+        for (j, w) in &mut self.work {
+            for (sender, (holders, i, at)) in &mut w.asking {
+                if now >= *at + SLICE_FETCH_MS && *i < holders.len() {
+                    *i += 1;
+                    *at = now;
+                    if let Some(h) = holders.get(*i) {
+                        out.push(Output::FetchSlice {
+                            from: *h,
+                            round,
+                            sender: *sender,
+                            index: *j,
+                        });
+                    }
+                }
+            }
+        }
+        let timed_out: Vec<u32> = self
+            .asked
+            .iter()
+            .filter(|(_, (_, at))| now >= *at + SLICE_FETCH_MS)
+            .map(|(j, _)| *j)
+            .collect();
+        for j in timed_out {
+            if let Some(from) = self.asked.get(&j).and_then(|(i, _)| self.sources.get(*i)).copied() {
+                self.reduced_not_found(now, from, j, me, out);
+            }
+        }
+        // Overdue slices: computed here.
+        if now >= self.started + COMBINE_GRACE_MS && self.sources.is_empty() {
+            for j in 0..self.slices() {
+                let computing = self.work.get(&j).is_some_and(|w| w.role == Role::Compute);
+                if !self.combiner.has(j) && !computing {
+                    self.gather(now, j, Role::Compute, me, None, out);
+                }
+            }
+        }
+        // Slices whose inputs are all in.
+        let ready: Vec<u32> = self
+            .work
+            .iter()
+            .filter(|(j, w)| {
+                !w.done
+                    && (w.role != Role::Check || self.to_check.contains_key(j))
+                    && w.reducer.holds(&self.ids)
+            })
+            .map(|(j, _)| *j)
+            .collect();
+        for j in ready {
+            self.finish_slice(j, key, peers, out);
+        }
+        if self.combiner.missing().is_empty() {
+            return match self.combiner.step(self.noise) {
+                Some((step, formed)) if formed == self.ids => Outcome::Done(step, formed),
+                _ => Outcome::Failed("the reduced slices do not make the round's step".into()),
+            };
+        }
+        if now >= self.until {
+            let missing = self.combiner.missing().len();
+            return Outcome::Failed(format!(
+                "{missing} of {} slices could not be had in time",
+                self.slices()
+            ));
+        }
+        Outcome::Pending
+    }
+
+    /// Slice `j`'s inputs are all in: reduce and send it to the checker, check and co-sign it,
+    /// or keep our own result.
+    fn finish_slice(&mut self, j: u32, key: &SigningKey, peers: &[Key], out: &mut Vec<Output>) {
+        let me = key.verifying_key().to_bytes();
+        let (red, chk) = assigned(&self.members, self.rules.round, j);
+        let Some(w) = self.work.get_mut(&j) else {
+            return;
+        };
+        let Some((mine, _)) = w.reducer.reduce(Some(&self.ids)) else {
+            return;
+        };
+        let inputs = &self.inputs;
+        match w.role {
+            Role::Reduce => {
+                let env = w.reducer.sign(key, &mine);
+                w.done = true;
+                out.push(Output::SendReduced {
+                    to: vec![chk],
+                    reduced: Arc::new(Reduced { signed: vec![env] }),
+                });
+            }
+            Role::Check => {
+                let Some(theirs_env) = self.to_check.get(&j).cloned() else {
+                    return; // the reducer's has not come yet
+                };
+                let limit = nightshift_protocol::slices::max_reduced_bytes(self.rules.recipe.num_params);
+                let theirs = wire::decode::<ReducedSlice>(&theirs_env.payload, limit);
+                match theirs.map_err(|e| e.to_string()).and_then(|t| {
+                    w.reducer.check(key, &t, inputs)
+                }) {
+                    Ok(cosigned) => {
+                        w.done = true;
+                        let reduced = Arc::new(Reduced {
+                            signed: vec![theirs_env, cosigned],
+                        });
+                        match self.combiner.offer(&reduced.signed, &[red, chk], inputs) {
+                            Ok(_) => {
+                                let to: Vec<Key> = peers.iter().copied().filter(|p| *p != me).collect();
+                                out.push(Output::HoldReduced {
+                                    round: self.rules.round,
+                                    index: j,
+                                    reduced: reduced.clone(),
+                                });
+                                out.push(Output::SendReduced { to, reduced });
+                            }
+                            Err(e) => out.push(Output::Note(Note::Refused {
+                                round: self.rules.round,
+                                from: red,
+                                reason: format!("reduced slice {j}: {e}"),
+                            })),
+                        }
+                    }
+                    Err(reason) => {
+                        // The reducer's average is not ours: keep ours, send nothing signed.
+                        out.push(Output::Note(Note::Refused {
+                            round: self.rules.round,
+                            from: red,
+                            reason: format!("reduced slice {j}: {reason}"),
+                        }));
+                        self.to_check.remove(&j);
+                        w.role = Role::Compute;
+                        w.done = true;
+                        _ = self.combiner.insert_own(mine, inputs);
+                    }
+                }
+            }
+            Role::Compute => {
+                w.done = true;
+                _ = self.combiner.insert_own(mine, inputs);
+            }
+        }
+    }
+}
+
+/// The combining stage of a node's own round: the combining, and what the round's summary needs.
+#[derive(Debug)]
+pub(super) struct CombineStage {
+    pub(super) combining: Combining,
+    pub(super) collecting: Collecting,
+    pub(super) missed: usize,
+}
+
+impl Combining {
+    /// The round it combines.
+    pub(super) fn round(&self) -> u64 {
+        self.rules.round
+    }
+}
+
+/// The combining under way for `round`, in the node's own round or in a replay.
+fn combining_in(stage: &mut Stage, round: u64) -> Option<&mut Combining> {
+    let c = match stage {
+        Stage::Combining(cs) => &mut cs.combining,
+        Stage::Verifying(v) => align::replay_combining(v)?,
+        _ => return None,
+    };
+    (c.round() == round).then_some(c)
+}
+
+impl RoundMachine {
+    /// The round's set is agreed: combine it slice by slice.
+    pub(super) fn start_combining(&mut self, now: Millis, slicing: Slicing) {
+        let Stage::Reconciling(rc) = std::mem::replace(&mut self.stage, Stage::Done) else {
+            return;
+        };
+        let r = self.state.round;
+        let rules = RoundSlices {
+            recipe: self.cfg.recipe.clone(),
+            round: r,
+            base_hash: self.hash,
+            slicing,
+        };
+        let own = self
+            .own_slices
+            .as_ref()
+            .filter(|(round, _)| *round == r)
+            .map(|(_, s)| s.clone());
+        let combining = Combining::new(
+            now,
+            rules,
+            self.state.noise,
+            &rc.collecting.collected,
+            self.me,
+            own.as_deref(),
+            vec![],
+            &mut self.out,
+        );
+        self.stage = Stage::Combining(Box::new(CombineStage {
+            combining,
+            collecting: rc.collecting,
+            missed: rc.missed,
+        }));
+        self.offer_early_reduced(now);
+    }
+
+    /// Reduced slices that came before the node was ready for them.
+    pub(super) fn offer_early_reduced(&mut self, now: Millis) {
+        let r = self.state.round;
+        let early = std::mem::take(&mut self.early_reduced);
+        for (from, reduced) in early {
+            let round = reduced.signed.first().map_or(0, |e| e.header.round);
+            if round == r || combining_in(&mut self.stage, round).is_some() {
+                self.on_reduced(now, from, reduced);
+            } else if round > r {
+                self.early_reduced.push((from, reduced));
+            }
+        }
+    }
+
+    pub(super) fn combine_step(&mut self, now: Millis) {
+        let peers = self.connected_keys();
+        let Stage::Combining(cs) = &mut self.stage else {
+            return;
+        };
+        let round = cs.combining.round();
+        match cs.combining.drive(now, &self.cfg.key, &peers, &mut self.out) {
+            Outcome::Pending => {}
+            Outcome::Done(step, formed) => {
+                let Stage::Combining(cs) = std::mem::replace(&mut self.stage, Stage::Done) else {
+                    return;
+                };
+                let cs = *cs;
+                let next = self.cfg.recipe.next_state(&self.state, &step, formed);
+                self.stepped(now, next, step, cs.collecting, cs.missed);
+            }
+            Outcome::Failed(reason) => {
+                self.out.push(Output::Note(Note::LeftRound { round, reason }));
+                self.announce(Phase::Ready);
+                self.begin_round(now);
+            }
+        }
+    }
+
+    pub(super) fn on_slice(&mut self, now: Millis, from: Key, slice: Arc<Slice>) {
+        let round = slice.envelope.header.round;
+        if let Some(c) = combining_in(&mut self.stage, round) {
+            c.on_slice(now, from, &slice, &mut self.out);
+        }
+    }
+
+    pub(super) fn on_slice_not_found(
+        &mut self,
+        now: Millis,
+        from: Key,
+        round: u64,
+        sender: Key,
+        index: u32,
+    ) {
+        if let Some(c) = combining_in(&mut self.stage, round) {
+            c.slice_not_found(now, from, sender, index, &mut self.out);
+        }
+    }
+
+    pub(super) fn on_reduced(&mut self, now: Millis, from: Key, reduced: Arc<Reduced>) {
+        let Some(round) = reduced.signed.first().map(|e| e.header.round) else {
+            return;
+        };
+        let me = self.me;
+        if let Some(c) = combining_in(&mut self.stage, round) {
+            c.on_reduced(now, from, &reduced, me, &mut self.out);
+        } else if round >= self.state.round && self.early_reduced.len() < MAX_EARLY_REDUCED {
+            self.early_reduced.push((from, reduced));
+        }
+    }
+
+    pub(super) fn on_reduced_not_found(&mut self, now: Millis, from: Key, round: u64, index: u32) {
+        let me = self.me;
+        if let Some(c) = combining_in(&mut self.stage, round) {
+            c.reduced_not_found(now, from, index, me, &mut self.out);
+        }
+    }
+
+    /// The connected peers' keys.
+    pub(super) fn connected_keys(&self) -> Vec<Key> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| p.connected)
+            .map(|(k, _)| *k)
+            .collect()
+    }
+}
