@@ -7,7 +7,7 @@ use nightshift_node::machine::{
     Config, How, Input, Key, Millis, Output, Reduced, RoundMachine, Start, Trained,
 };
 use nightshift_protocol::slices::Slice;
-use nightshift_protocol::{Hash32, SignedEnvelope, StateSnapshot, Status, wire};
+use nightshift_protocol::{ContributionId, Hash32, SignedEnvelope, StateSnapshot, Status, wire};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -60,7 +60,7 @@ struct Node {
     served_status: Option<Status>,
     served: BTreeMap<(u64, Key), Arc<SignedEnvelope>>,
     /// Slices served (round, sender, index) and reduced slices (round, index).
-    slices: BTreeMap<(u64, Key, u32), Arc<Slice>>,
+    slices: BTreeMap<(u64, ContributionId, u32), Arc<Slice>>,
     reduced: BTreeMap<(u64, u32), Arc<Reduced>>,
     /// The last checkpoint (what a restart resumes from) and its hash.
     checkpoint: Arc<StateSnapshot>,
@@ -115,10 +115,23 @@ enum Ev {
 
 enum Req {
     Status,
-    Contribution { round: u64, sender: Key },
-    Slice { round: u64, sender: Key, index: u32 },
-    Reduced { round: u64, index: u32 },
-    State { round: u64, hash: Hash32 },
+    Contribution {
+        round: u64,
+        sender: Key,
+    },
+    Slice {
+        round: u64,
+        id: ContributionId,
+        index: u32,
+    },
+    Reduced {
+        round: u64,
+        index: u32,
+    },
+    State {
+        round: u64,
+        hash: Hash32,
+    },
 }
 
 pub struct World {
@@ -467,7 +480,10 @@ impl World {
         n.machine = None;
         n.epoch += 1;
         n.served.clear();
-        n.slices.clear();
+        // A node's own slices are on its disk (they are all the swarm has of them until the
+        // round's reducers fetch them); what it gathered for others is not.
+        let own = n.key;
+        n.slices.retain(|(_, id, _), _| id.sender == own);
         n.reduced.clear();
         n.served_status = None;
         let key = n.key;
@@ -515,6 +531,17 @@ impl World {
                     hex::encode(&from[..3]),
                     hex::encode(&envelope.header.sender[..3]),
                     envelope.header.round
+                ),
+                Input::SliceNotFound {
+                    from,
+                    round,
+                    id,
+                    index,
+                } => format!(
+                    "SliceNotFound from {} r{round} sender {} digest {} slice {index}",
+                    hex::encode(&from[..3]),
+                    hex::encode(&id.sender[..3]),
+                    id.digest.short()
                 ),
                 other => format!("{other:?}").chars().take(150).collect(),
             };

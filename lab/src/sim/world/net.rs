@@ -84,14 +84,10 @@ impl World {
                 sender: *sender,
             },
             Req::State { hash, .. } => Input::StateFailed { hash: *hash },
-            Req::Slice {
-                round,
-                sender,
-                index,
-            } => Input::SliceNotFound {
+            Req::Slice { round, id, index } => Input::SliceNotFound {
                 from,
                 round: *round,
-                sender: *sender,
+                id: *id,
                 index: *index,
             },
             Req::Reduced { round, index } => Input::ReducedNotFound {
@@ -138,17 +134,15 @@ impl World {
                     ),
                 }
             }
-            Req::Slice {
-                round,
-                sender,
-                index,
-            } => match self.nodes[b].slices.get(&(*round, *sender, *index)).cloned() {
-                Some(slice) => (
-                    wire::encode(&*slice).len() as u64,
-                    Input::Slice { from, slice },
-                ),
-                None => (16, self.failed_answer(b, &req)),
-            },
+            Req::Slice { round, id, index } => {
+                match self.nodes[b].slices.get(&(*round, *id, *index)).cloned() {
+                    Some(slice) => (
+                        wire::encode(&*slice).len() as u64,
+                        Input::Slice { from, slice },
+                    ),
+                    None => (16, self.failed_answer(b, &req)),
+                }
+            }
             Req::Reduced { round, index } => {
                 match self.nodes[b].reduced.get(&(*round, *index)).cloned() {
                     Some(reduced) => (

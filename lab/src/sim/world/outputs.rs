@@ -94,26 +94,19 @@ impl World {
             }
             Output::HoldSlices(slices) => {
                 for s in slices {
-                    let key = (s.envelope.header.round, s.envelope.header.sender, s.index);
+                    let id = ContributionId::of(&s.envelope);
+                    let key = (s.envelope.header.round, id, s.index);
                     self.nodes[i].slices.insert(key, s);
                 }
             }
             Output::FetchSlice {
                 from,
                 round,
-                sender,
+                id,
                 index,
             } => {
                 if let Some(&j) = self.index.get(&from) {
-                    self.request(
-                        i,
-                        j,
-                        Req::Slice {
-                            round,
-                            sender,
-                            index,
-                        },
-                    );
+                    self.request(i, j, Req::Slice { round, id, index });
                 }
             }
             Output::SendReduced { to, reduced } => {

@@ -7,6 +7,8 @@ use super::combine::{Combining, Outcome};
 use super::reducer::RoundSlices;
 use super::rules::{Candidate, Claim, Held, candidates, group_claims, replay_round};
 use super::*;
+use nightshift_protocol::VerifyError;
+use nightshift_protocol::slices::SliceError;
 
 /// A verification under way: the claims still worth trying this alignment, the one being tried.
 #[derive(Debug)]
@@ -37,13 +39,13 @@ struct Replay {
     bytes: u64,
     until: Millis,
     /// A round averaged slice by slice: its combining, once every header is in.
-    combining: Option<Combining>,
+    combining: Option<Box<Combining>>,
 }
 
 /// The combining of the replay under way, if any.
 pub(super) fn replay_combining(v: &mut Verifying) -> Option<&mut Combining> {
     match &mut v.current {
-        Some(Attempt::Replay(rp)) => rp.combining.as_mut(),
+        Some(Attempt::Replay(rp)) => rp.combining.as_deref_mut(),
         _ => None,
     }
 }
@@ -440,9 +442,24 @@ impl RoundMachine {
                 };
                 match sliced::accept_header(&rules.context(), env) {
                     Ok(a) => _ = set.insert(a.sender, a),
+                    Err(SliceError::Envelope(VerifyError::WrongBase { .. }))
+                        if self.cfg.recipe.attested(&rp.claim) =>
+                    {
+                        // We are on a fork of the round before: a state the swarm's rules
+                        // vouch for is downloaded instead (as for a whole round).
+                        let claim = rp.claim.clone();
+                        let attempt = self.start_download(now, claim);
+                        if let Stage::Verifying(v) = &mut self.stage {
+                            v.current = Some(attempt);
+                        }
+                        return;
+                    }
                     Err(e) => {
+                        // Signed for another base: nobody's fault in particular.
+                        let fault =
+                            !matches!(e, SliceError::Envelope(VerifyError::WrongBase { .. }));
                         let reason = format!("{}'s contribution: {e}", short(&id.sender));
-                        return self.attempt_failed(now, reason, true);
+                        return self.attempt_failed(now, reason, fault);
                     }
                 }
             }
@@ -461,7 +478,7 @@ impl RoundMachine {
                 .map(|(_, s)| s.as_slice());
             let mut sources = rp.claim.holders.clone();
             sources.truncate(rules::MAX_HOLDERS_ASKED);
-            rp.combining = Some(Combining::new(
+            rp.combining = Some(Box::new(Combining::new(
                 now,
                 rules,
                 rp.base.noise,
@@ -470,7 +487,7 @@ impl RoundMachine {
                 own,
                 sources,
                 &mut self.out,
-            ));
+            )));
             self.offer_early_reduced(now);
         }
         let Stage::Verifying(Verifying {

@@ -35,6 +35,9 @@ pub const COMBINE_GRACE_MS: Millis = 5_000;
 pub const COMBINE_MS: Millis = 60_000;
 /// How long one slice fetch may take before the next holder is asked.
 pub const SLICE_FETCH_MS: Millis = 10_000;
+/// How long a node waits before asking a slice's holders again once every one had nothing (a
+/// sender that restarts serves its slices again).
+pub const SLICE_RETRY_MS: Millis = 2_000;
 /// Reduced slices kept for a round the node has not reached the end of yet.
 pub const MAX_EARLY_REDUCED: usize = 64;
 
@@ -56,13 +59,39 @@ enum Role {
     Compute,
 }
 
+/// Asking the holders of one slice in turn, round and round until the round's deadline.
+#[derive(Debug)]
+struct Asking {
+    id: ContributionId,
+    holders: Vec<Key>,
+    /// The holder asked (or to ask next).
+    at: usize,
+    /// When the fetch under way began; `None`: none under way, the next goes out at `next`.
+    since: Option<Millis>,
+    next: Millis,
+}
+
+impl Asking {
+    /// The holder asked had nothing, or did not answer in time: the next one at once, or —
+    /// every one asked — all again after a pause.
+    fn next_holder(&mut self, now: Millis) {
+        self.at = (self.at + 1) % self.holders.len();
+        self.since = None;
+        self.next = if self.at == 0 {
+            now + SLICE_RETRY_MS
+        } else {
+            now
+        };
+    }
+}
+
 /// A slice this node gathers the inputs of.
 #[derive(Debug)]
 struct Work {
     role: Role,
     reducer: Reducer,
-    /// Per member still missing: the holders to ask, the one asked, and when.
-    asking: BTreeMap<Key, (Vec<Key>, usize, Millis)>,
+    /// Per member still missing: who may hold its slice, and where the asking stands.
+    asking: BTreeMap<Key, Asking>,
     done: bool,
 }
 
@@ -77,6 +106,8 @@ pub(super) struct Combining {
     digest: Hash32,
     combiner: Combiner,
     work: BTreeMap<u32, Work>,
+    /// Our own contribution's slices, when it is one of the set.
+    own: Vec<Arc<Slice>>,
     /// Reducers' single-signed slices waiting for our check.
     to_check: BTreeMap<u32, SignedEnvelope>,
     /// Peers asked for reduced slices (a replay asks a claim's holders): per slice, the one
@@ -127,7 +158,15 @@ impl Combining {
             })
             .collect();
         let digest = inputs_digest(&inputs);
+        let own = own
+            .filter(|o| {
+                o.first()
+                    .is_some_and(|s| ids.contains(&ContributionId::of(&s.envelope)))
+            })
+            .map(<[Arc<Slice>]>::to_vec)
+            .unwrap_or_default();
         let mut c = Combining {
+            own,
             combiner: Combiner::new(rules.clone()),
             rules,
             members,
@@ -153,7 +192,7 @@ impl Combining {
                     (false, true) => Role::Check,
                     (false, false) => continue,
                 };
-                c.gather(now, j, role, me, own, out);
+                c.gather(now, j, role, me, out);
             }
         } else {
             for j in 0..c.slices() {
@@ -173,24 +212,14 @@ impl Combining {
     }
 
     /// Starts gathering slice `j` of every member: ours from `own`, the others' fetched.
-    fn gather(
-        &mut self,
-        now: Millis,
-        j: u32,
-        role: Role,
-        me: Key,
-        own: Option<&[Arc<Slice>]>,
-        out: &mut Vec<Output>,
-    ) {
+    fn gather(&mut self, now: Millis, j: u32, role: Role, me: Key, out: &mut Vec<Output>) {
         if let Some(w) = self.work.get_mut(&j) {
             w.role = role;
             w.done = false;
             return;
         }
         let mut reducer = Reducer::new(self.rules.clone(), j);
-        if let Some(s) = own.and_then(|o| o.get(j as usize))
-            && self.ids.contains(&ContributionId::of(&s.envelope))
-        {
+        if let Some(s) = self.own.get(j as usize) {
             _ = reducer.offer(s);
         }
         let (red, chk) = assigned(&self.members, self.rules.round, j);
@@ -206,16 +235,17 @@ impl Combining {
                 }
             }
             holders.retain(|h| *h != me);
-            let Some(first) = holders.first().copied() else {
+            if holders.is_empty() {
                 continue;
+            }
+            let a = Asking {
+                id: *id,
+                holders,
+                at: 0,
+                since: None,
+                next: now,
             };
-            out.push(Output::FetchSlice {
-                from: first,
-                round: self.rules.round,
-                sender: id.sender,
-                index: j,
-            });
-            asking.insert(id.sender, (holders, 0, now));
+            asking.insert(id.sender, a);
         }
         self.work.insert(
             j,
@@ -226,16 +256,25 @@ impl Combining {
                 done: false,
             },
         );
+        self.ask(now, out);
     }
 
     /// A slice answering one of our fetches.
-    pub(super) fn on_slice(&mut self, now: Millis, from: Key, slice: &Arc<Slice>, out: &mut Vec<Output>) {
+    pub(super) fn on_slice(
+        &mut self,
+        now: Millis,
+        from: Key,
+        slice: &Arc<Slice>,
+        out: &mut Vec<Output>,
+    ) {
         let j = slice.index;
         let sender = slice.envelope.header.sender;
         let Some(w) = self.work.get_mut(&j) else {
             return;
         };
-        if !w.asking.contains_key(&sender) || !self.ids.contains(&ContributionId::of(&slice.envelope)) {
+        if !w.asking.contains_key(&sender)
+            || !self.ids.contains(&ContributionId::of(&slice.envelope))
+        {
             return;
         }
         match w.reducer.offer(slice) {
@@ -264,28 +303,50 @@ impl Combining {
         j: u32,
         out: &mut Vec<Output>,
     ) {
-        let round = self.rules.round;
-        let Some((holders, i, at)) = self.work.get_mut(&j).and_then(|w| w.asking.get_mut(&sender))
+        let Some(a) = self
+            .work
+            .get_mut(&j)
+            .and_then(|w| w.asking.get_mut(&sender))
         else {
             return;
         };
-        if holders.get(*i) != Some(&from) {
+        if a.since.is_none() || a.holders.get(a.at) != Some(&from) {
             return;
         }
-        *i += 1;
-        *at = now;
-        if let Some(h) = holders.get(*i) {
-            out.push(Output::FetchSlice {
-                from: *h,
-                round,
-                sender,
-                index: j,
-            });
+        a.next_holder(now);
+        self.ask(now, out);
+    }
+
+    /// Sends the slice fetches that are due.
+    fn ask(&mut self, now: Millis, out: &mut Vec<Output>) {
+        let round = self.rules.round;
+        for (j, w) in &mut self.work {
+            for a in w.asking.values_mut() {
+                if a.since.is_some_and(|t| now >= t + SLICE_FETCH_MS) {
+                    a.next_holder(now);
+                }
+                if a.since.is_none() && now >= a.next {
+                    a.since = Some(now);
+                    out.push(Output::FetchSlice {
+                        from: a.holders[a.at],
+                        round,
+                        id: a.id,
+                        index: *j,
+                    });
+                }
+            }
         }
     }
 
     /// A reduced slice pushed to us or answering a fetch.
-    pub(super) fn on_reduced(&mut self, now: Millis, from: Key, reduced: &Arc<Reduced>, me: Key, out: &mut Vec<Output>) {
+    pub(super) fn on_reduced(
+        &mut self,
+        now: Millis,
+        from: Key,
+        reduced: &Arc<Reduced>,
+        me: Key,
+        out: &mut Vec<Output>,
+    ) {
         let Some(first) = reduced.signed.first() else {
             return;
         };
@@ -306,19 +367,28 @@ impl Combining {
         }
         if payload.inputs != self.digest {
             // Averaged over another set than ours: of no use to our step.
-            return refuse(out, format!("reduced slice {j} over another set of contributions"));
+            return refuse(
+                out,
+                format!("reduced slice {j} over another set of contributions"),
+            );
         }
         let (red, chk) = assigned(&self.members, self.rules.round, j);
         if reduced.signed.len() == 1 {
             // The reducer's, for us to check.
-            let ours = self.work.get(&j).is_some_and(|w| w.role == Role::Check && !w.done);
+            let ours = self
+                .work
+                .get(&j)
+                .is_some_and(|w| w.role == Role::Check && !w.done);
             if ours && first.header.sender == red && chk == me {
                 self.to_check.insert(j, first.clone());
                 self.bytes += first.payload.len() as u64;
             }
             return;
         }
-        match self.combiner.offer(&reduced.signed, &[red, chk], &self.inputs) {
+        match self
+            .combiner
+            .offer(&reduced.signed, &[red, chk], &self.inputs)
+        {
             Ok(_) => {
                 self.bytes += first.payload.len() as u64;
                 if let Some(w) = self.work.get_mut(&j) {
@@ -337,7 +407,14 @@ impl Combining {
     }
 
     /// A source had no reduced slice `j` (a replay): ask the next, or compute it.
-    pub(super) fn reduced_not_found(&mut self, now: Millis, from: Key, j: u32, me: Key, out: &mut Vec<Output>) {
+    pub(super) fn reduced_not_found(
+        &mut self,
+        now: Millis,
+        from: Key,
+        j: u32,
+        me: Key,
+        out: &mut Vec<Output>,
+    ) {
         let Some((i, at)) = self.asked.get_mut(&j) else {
             return;
         };
@@ -354,7 +431,7 @@ impl Combining {
             }),
             None => {
                 self.asked.remove(&j);
-                self.gather(now, j, Role::Compute, me, None, out);
+                self.gather(now, j, Role::Compute, me, out);
             }
         }
     }
@@ -369,24 +446,7 @@ impl Combining {
         out: &mut Vec<Output>,
     ) -> Outcome {
         let me = key.verifying_key().to_bytes();
-        let round = self.rules.round;
-        // Fetches that timed out: the next holder.
-        for (j, w) in &mut self.work {
-            for (sender, (holders, i, at)) in &mut w.asking {
-                if now >= *at + SLICE_FETCH_MS && *i < holders.len() {
-                    *i += 1;
-                    *at = now;
-                    if let Some(h) = holders.get(*i) {
-                        out.push(Output::FetchSlice {
-                            from: *h,
-                            round,
-                            sender: *sender,
-                            index: *j,
-                        });
-                    }
-                }
-            }
-        }
+        self.ask(now, out);
         let timed_out: Vec<u32> = self
             .asked
             .iter()
@@ -394,7 +454,12 @@ impl Combining {
             .map(|(j, _)| *j)
             .collect();
         for j in timed_out {
-            if let Some(from) = self.asked.get(&j).and_then(|(i, _)| self.sources.get(*i)).copied() {
+            if let Some(from) = self
+                .asked
+                .get(&j)
+                .and_then(|(i, _)| self.sources.get(*i))
+                .copied()
+            {
                 self.reduced_not_found(now, from, j, me, out);
             }
         }
@@ -403,7 +468,7 @@ impl Combining {
             for j in 0..self.slices() {
                 let computing = self.work.get(&j).is_some_and(|w| w.role == Role::Compute);
                 if !self.combiner.has(j) && !computing {
-                    self.gather(now, j, Role::Compute, me, None, out);
+                    self.gather(now, j, Role::Compute, me, out);
                 }
             }
         }
@@ -462,11 +527,13 @@ impl Combining {
                 let Some(theirs_env) = self.to_check.get(&j).cloned() else {
                     return; // the reducer's has not come yet
                 };
-                let limit = nightshift_protocol::slices::max_reduced_bytes(self.rules.recipe.num_params);
+                let limit =
+                    nightshift_protocol::slices::max_reduced_bytes(self.rules.recipe.num_params);
                 let theirs = wire::decode::<ReducedSlice>(&theirs_env.payload, limit);
-                match theirs.map_err(|e| e.to_string()).and_then(|t| {
-                    w.reducer.check(key, &t, inputs)
-                }) {
+                match theirs
+                    .map_err(|e| e.to_string())
+                    .and_then(|t| w.reducer.check(key, &t, inputs))
+                {
                     Ok(cosigned) => {
                         w.done = true;
                         let reduced = Arc::new(Reduced {
@@ -474,7 +541,8 @@ impl Combining {
                         });
                         match self.combiner.offer(&reduced.signed, &[red, chk], inputs) {
                             Ok(_) => {
-                                let to: Vec<Key> = peers.iter().copied().filter(|p| *p != me).collect();
+                                let to: Vec<Key> =
+                                    peers.iter().copied().filter(|p| *p != me).collect();
                                 out.push(Output::HoldReduced {
                                     round: self.rules.round,
                                     index: j,
@@ -592,7 +660,10 @@ impl RoundMachine {
             return;
         };
         let round = cs.combining.round();
-        match cs.combining.drive(now, &self.cfg.key, &peers, &mut self.out) {
+        match cs
+            .combining
+            .drive(now, &self.cfg.key, &peers, &mut self.out)
+        {
             Outcome::Pending => {}
             Outcome::Done(step, formed) => {
                 let Stage::Combining(cs) = std::mem::replace(&mut self.stage, Stage::Done) else {
@@ -603,7 +674,8 @@ impl RoundMachine {
                 self.stepped(now, next, step, cs.collecting, cs.missed);
             }
             Outcome::Failed(reason) => {
-                self.out.push(Output::Note(Note::LeftRound { round, reason }));
+                self.out
+                    .push(Output::Note(Note::LeftRound { round, reason }));
                 self.announce(Phase::Ready);
                 self.begin_round(now);
             }
@@ -622,11 +694,11 @@ impl RoundMachine {
         now: Millis,
         from: Key,
         round: u64,
-        sender: Key,
+        id: ContributionId,
         index: u32,
     ) {
         if let Some(c) = combining_in(&mut self.stage, round) {
-            c.slice_not_found(now, from, sender, index, &mut self.out);
+            c.slice_not_found(now, from, id.sender, index, &mut self.out);
         }
     }
 

@@ -2,7 +2,7 @@
 
 use super::{Key, Millis};
 use nightshift_protocol::slices::Slice;
-use nightshift_protocol::{Hash32, SignedEnvelope, StateSnapshot, Status};
+use nightshift_protocol::{ContributionId, Hash32, SignedEnvelope, StateSnapshot, Status};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -51,7 +51,7 @@ pub enum Input {
     SliceNotFound {
         from: Key,
         round: u64,
-        sender: Key,
+        id: ContributionId,
         index: u32,
     },
     /// A reduced slice, pushed by its checker (or its reducer, for the checker) or answering
@@ -135,12 +135,12 @@ pub enum Output {
     /// Serve these slices (of our contribution, or gathered as a slice's reducer) to peers who
     /// ask for them.
     HoldSlices(Vec<Arc<Slice>>),
-    /// Ask `from` for slice `index` of `sender`'s contribution to `round`; the answer comes back
-    /// as [`Input::Slice`] or [`Input::SliceNotFound`].
+    /// Ask `from` for slice `index` of contribution `id` to `round`; the answer comes back as
+    /// [`Input::Slice`] or [`Input::SliceNotFound`].
     FetchSlice {
         from: Key,
         round: u64,
-        sender: Key,
+        id: ContributionId,
         index: u32,
     },
     /// Send a reduced slice to these peers.

@@ -392,9 +392,9 @@ impl RoundMachine {
             Input::SliceNotFound {
                 from,
                 round,
-                sender,
+                id,
                 index,
-            } => self.on_slice_not_found(now, from, round, sender, index),
+            } => self.on_slice_not_found(now, from, round, id, index),
             Input::Reduced { from, reduced } => self.on_reduced(now, from, reduced),
             Input::ReducedNotFound { from, round, index } => {
                 self.on_reduced_not_found(now, from, round, index)

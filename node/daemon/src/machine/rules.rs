@@ -27,8 +27,8 @@ use thiserror::Error;
 
 use super::accept::{Accepted, RoundContext, RoundStep, accept, round_step};
 use super::sliced::{Slicing, sliced_round_step};
-use nightshift_protocol::slices::MAX_SLICES;
 use super::{Key, Millis};
+use nightshift_protocol::slices::MAX_SLICES;
 
 /// Holders asked for one contribution before a replay gives up on it.
 pub const MAX_HOLDERS_ASKED: usize = 3;
@@ -150,9 +150,10 @@ impl Recipe {
             return Some(s);
         }
         let want = base.formed_by.len().clamp(1, MAX_SLICES as usize) as u32;
-        (1..=want).rev().map(|slices| Slicing { slices, ..s }).find(|s| {
-            s.ranges(self.num_params, self.codec).is_some()
-        })
+        (1..=want)
+            .rev()
+            .map(|slices| Slicing { slices, ..s })
+            .find(|s| s.ranges(self.num_params, self.codec).is_some())
     }
 
     /// θ(r+1) from `base` and the round's `step`, formed by `formed_by` (in key order).

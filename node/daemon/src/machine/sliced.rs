@@ -9,10 +9,14 @@
 //! far off in one slice pulls that slice alone.
 
 use super::accept::{Accepted, RoundStep, aggregate_parts, round_noise_sums, scaled_step};
-use nightshift_model::outer::{NoiseSums, WeightedDelta, noise_ratio_of, update_noise_with};
 use nightshift_model::ErrorFeedback;
-use nightshift_protocol::slices::{SliceContext, SliceError, SlicedDelta, open_header, round_slices};
-use nightshift_protocol::{Aggregator, DeltaCodec, DeltaError, EncodedDelta, SignedEnvelope, delta};
+use nightshift_model::outer::{NoiseSums, WeightedDelta, noise_ratio_of, update_noise_with};
+use nightshift_protocol::slices::{
+    SliceContext, SliceError, SlicedDelta, open_header, round_slices,
+};
+use nightshift_protocol::{
+    Aggregator, DeltaCodec, DeltaError, EncodedDelta, SignedEnvelope, delta,
+};
 use std::collections::BTreeMap;
 use std::ops::Range;
 

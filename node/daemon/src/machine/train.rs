@@ -5,9 +5,9 @@ use super::accept::encode_delta;
 use super::collect::Collecting;
 use super::sliced::{Slicing, encode_sliced};
 use super::*;
-use nightshift_protocol::slices::{SlicedContribution, sign_sliced};
 use nightshift_protocol::message::MAX_EXPECTED;
 use nightshift_protocol::signed::EnvelopeHeader;
+use nightshift_protocol::slices::{SlicedContribution, sign_sliced};
 use nightshift_protocol::{Contribution, DeltaError, PayloadKind, wire};
 
 impl RoundMachine {
@@ -117,7 +117,7 @@ impl RoundMachine {
             None => self.whole_contribution(from, &t, expected),
             Some(s) => self.sliced_contribution(from, &t, expected, s),
         };
-        let (env, wire_delta_bytes, sent) = match made {
+        let (env, wire_delta_bytes, own) = match made {
             Ok(e) => e,
             Err(DeltaError::NonFinite(index)) => return self.diverged(now, r, index),
             Err(e) => {
@@ -129,17 +129,7 @@ impl RoundMachine {
             }
         };
         let mut collected = BTreeMap::new();
-        collected.insert(
-            self.me,
-            Accepted {
-                sender: self.me,
-                digest: env.digest(),
-                tokens: t.tokens,
-                train_loss: t.mean_loss,
-                delta: sent,
-                expected,
-            },
-        );
+        collected.insert(self.me, own);
         self.hold(r, env.clone());
         self.holding = vec![self.me];
         self.announce(Phase::Collecting);
@@ -179,15 +169,16 @@ impl RoundMachine {
     }
 
     /// Our contribution whole: Δ encoded with the swarm's codec, signed. Returns it, the bytes
-    /// of its delta and the values every peer decodes (which our step averages too).
+    /// of its delta and our own entry in the round's set (the values every peer decodes).
     fn whole_contribution(
         &mut self,
         from: &[f32],
         t: &Trained,
         expected: u32,
-    ) -> Result<(Arc<SignedEnvelope>, u64, Vec<f32>), DeltaError> {
+    ) -> Result<(Arc<SignedEnvelope>, u64, Accepted), DeltaError> {
         let recipe = self.cfg.recipe.clone();
-        let (enc, sent) = encode_delta(from, &t.params, recipe.codec, &recipe.shapes, &mut self.ef)?;
+        let (enc, sent) =
+            encode_delta(from, &t.params, recipe.codec, &recipe.shapes, &mut self.ef)?;
         let bytes = enc.body.len() as u64;
         let contribution = Contribution {
             tokens: t.tokens,
@@ -204,26 +195,56 @@ impl RoundMachine {
             base_hash: self.hash,
         };
         let env = SignedEnvelope::sign(&self.cfg.key, header, wire::encode(&contribution));
-        Ok((Arc::new(env), bytes, sent))
+        let own = Accepted {
+            sender: self.me,
+            digest: env.digest(),
+            tokens: t.tokens,
+            train_loss: t.mean_loss,
+            delta: sent,
+            expected,
+        };
+        Ok((Arc::new(env), bytes, own))
     }
 
     /// Our contribution cut into the round's slices: a small signed header (the slices' Merkle
     /// root), the slices kept and served to the reducers that fetch them. Returns the header
-    /// and the bytes of the slices (no values: the step is taken from the reducers' slices).
+    /// and the bytes of the slices, and our own entry in the round's set (no values: the step is
+    /// taken from the reducers' slices).
     fn sliced_contribution(
         &mut self,
         from: &[f32],
         t: &Trained,
         expected: u32,
         slicing: Slicing,
-    ) -> Result<(Arc<SignedEnvelope>, u64, Vec<f32>), DeltaError> {
+    ) -> Result<(Arc<SignedEnvelope>, u64, Accepted), DeltaError> {
         let recipe = self.cfg.recipe.clone();
-        let ranges = slicing
-            .ranges(recipe.num_params, recipe.codec)
-            .ok_or(DeltaError::WrongLength {
-                expected: recipe.num_params,
-                got: 0,
-            })?;
+        let r = self.state.round;
+        let own = |env: &SignedEnvelope| Accepted {
+            sender: env.header.sender,
+            digest: env.digest(),
+            tokens: t.tokens,
+            train_loss: t.mean_loss,
+            delta: vec![],
+            expected,
+        };
+        // A round trained again (it could not be completed, and the node aligned back to it):
+        // the contribution already sent stands, so that no peer holds two of ours.
+        if let Some((round, slices)) = &self.own_slices
+            && *round == r
+            && let Some(first) = slices.first()
+            && first.envelope.header.base_hash == self.hash
+            && let Ok(a) = self.accept_env(&self.state.clone(), self.hash, &first.envelope)
+        {
+            let bytes = slices.iter().map(|s| s.body.body.len() as u64).sum();
+            return Ok((Arc::new(first.envelope.clone()), bytes, a));
+        }
+        let ranges =
+            slicing
+                .ranges(recipe.num_params, recipe.codec)
+                .ok_or(DeltaError::WrongLength {
+                    expected: recipe.num_params,
+                    got: 0,
+                })?;
         let (sliced, _) = encode_sliced(from, &t.params, recipe.codec, &ranges, &mut self.ef)?;
         let header = SlicedContribution {
             tokens: t.tokens,
@@ -235,7 +256,6 @@ impl RoundMachine {
             slices: slicing.slices,
             root: sliced.root,
         };
-        let r = self.state.round;
         let env = sign_sliced(&self.cfg.key, recipe.swarm_id, r, self.hash, &header);
         let bytes = sliced.slices.iter().map(|s| s.body.len() as u64).sum();
         let slices: Vec<Arc<Slice>> = (0..sliced.slices.len())
@@ -243,7 +263,8 @@ impl RoundMachine {
             .collect();
         self.out.push(Output::HoldSlices(slices.clone()));
         self.own_slices = Some((r, slices));
-        Ok((Arc::new(env), bytes, vec![]))
+        let a = own(&env);
+        Ok((Arc::new(env), bytes, a))
     }
 
     /// Our training of round `r` produced a non-finite parameter (at `index`): send nothing, start
