@@ -29,8 +29,14 @@ use nightshift_protocol::wire;
 
 pub use io::Reduced;
 
+/// How long a node waits for a slice's reduced form to be pushed before it asks the slice's
+/// checker and reducer for it (a push may be lost).
+pub const REDUCED_GRACE_MS: Millis = 2_000;
 /// How long a node waits for a slice's reduced form before it computes the slice itself.
 pub const COMBINE_GRACE_MS: Millis = 5_000;
+/// How long a slice fetch goes unanswered before the next holder is asked as well (the first
+/// answer counts).
+pub const HEDGE_MS: Millis = 1_500;
 /// The longest a round's combining may take before the node leaves the round.
 pub const COMBINE_MS: Millis = 60_000;
 /// How long one slice fetch may take before the next holder is asked.
@@ -69,6 +75,8 @@ struct Asking {
     /// When the fetch under way began; `None`: none under way, the next goes out at `next`.
     since: Option<Millis>,
     next: Millis,
+    /// The next holder was asked as well, the first one being slow.
+    hedged: bool,
 }
 
 impl Asking {
@@ -110,10 +118,12 @@ pub(super) struct Combining {
     own: Vec<Arc<Slice>>,
     /// Reducers' single-signed slices waiting for our check.
     to_check: BTreeMap<u32, SignedEnvelope>,
-    /// Peers asked for reduced slices (a replay asks a claim's holders): per slice, the one
-    /// asked and when.
-    sources: Vec<Key>,
-    asked: BTreeMap<u32, (usize, Millis)>,
+    /// A replay: the claim's holders, asked for every reduced slice before any is computed.
+    replay: bool,
+    /// Reduced slices asked for: per slice, the peers to ask, the one asked, and when.
+    asked: BTreeMap<u32, (Vec<Key>, usize, Millis)>,
+    /// Slices asked of their reducers once already (not asked again).
+    asked_once: BTreeSet<u32>,
     /// The base state's noise ratio (the step's input).
     noise: Option<f64>,
     started: Millis,
@@ -175,15 +185,16 @@ impl Combining {
             digest,
             work: BTreeMap::new(),
             to_check: BTreeMap::new(),
-            sources,
+            replay: !sources.is_empty(),
             asked: BTreeMap::new(),
+            asked_once: BTreeSet::new(),
             noise,
             started: now,
             until: now + COMBINE_MS,
             bytes: 0,
         };
         let round = c.rules.round;
-        if c.sources.is_empty() {
+        if sources.is_empty() {
             for j in 0..c.slices() {
                 let (red, chk) = assigned(&c.members, round, j);
                 let role = match (red == me, chk == me) {
@@ -196,12 +207,7 @@ impl Combining {
             }
         } else {
             for j in 0..c.slices() {
-                c.asked.insert(j, (0, now));
-                out.push(Output::FetchReduced {
-                    from: c.sources[0],
-                    round,
-                    index: j,
-                });
+                c.ask_reduced(now, j, sources.clone(), out);
             }
         }
         c
@@ -244,6 +250,7 @@ impl Combining {
                 at: 0,
                 since: None,
                 next: now,
+                hedged: false,
             };
             asking.insert(id.sender, a);
         }
@@ -324,6 +331,19 @@ impl Combining {
             for a in w.asking.values_mut() {
                 if a.since.is_some_and(|t| now >= t + SLICE_FETCH_MS) {
                     a.next_holder(now);
+                }
+                if let Some(t) = a.since
+                    && now >= t + HEDGE_MS
+                    && !a.hedged
+                {
+                    // The next holder — or, when there is no other, the same one again.
+                    a.hedged = true;
+                    out.push(Output::FetchSlice {
+                        from: a.holders[(a.at + 1) % a.holders.len()],
+                        round,
+                        id: a.id,
+                        index: *j,
+                    });
                 }
                 if a.since.is_none() && now >= a.next {
                     a.since = Some(now);
@@ -406,7 +426,24 @@ impl Combining {
         let _ = now;
     }
 
-    /// A source had no reduced slice `j` (a replay): ask the next, or compute it.
+    fn asked_before(&self, j: u32) -> bool {
+        self.asked_once.contains(&j)
+    }
+
+    /// Asks `sources`, one after another, for reduced slice `j`.
+    fn ask_reduced(&mut self, now: Millis, j: u32, sources: Vec<Key>, out: &mut Vec<Output>) {
+        let Some(first) = sources.first() else {
+            return;
+        };
+        out.push(Output::FetchReduced {
+            from: *first,
+            round: self.rules.round,
+            index: j,
+        });
+        self.asked.insert(j, (sources, 0, now));
+    }
+
+    /// A source had no reduced slice `j`: ask the next, or compute it.
     pub(super) fn reduced_not_found(
         &mut self,
         now: Millis,
@@ -415,15 +452,15 @@ impl Combining {
         me: Key,
         out: &mut Vec<Output>,
     ) {
-        let Some((i, at)) = self.asked.get_mut(&j) else {
+        let Some((sources, i, at)) = self.asked.get_mut(&j) else {
             return;
         };
-        if self.sources.get(*i) != Some(&from) || self.combiner.has(j) {
+        if sources.get(*i) != Some(&from) || self.combiner.has(j) {
             return;
         }
         *i += 1;
         *at = now;
-        match self.sources.get(*i) {
+        match sources.get(*i) {
             Some(s) => out.push(Output::FetchReduced {
                 from: *s,
                 round: self.rules.round,
@@ -447,28 +484,38 @@ impl Combining {
     ) -> Outcome {
         let me = key.verifying_key().to_bytes();
         self.ask(now, out);
-        let timed_out: Vec<u32> = self
+        let timed_out: Vec<(u32, Key)> = self
             .asked
             .iter()
-            .filter(|(_, (_, at))| now >= *at + SLICE_FETCH_MS)
-            .map(|(j, _)| *j)
+            .filter(|(_, (_, _, at))| now >= *at + SLICE_FETCH_MS)
+            .filter_map(|(j, (sources, i, _))| Some((*j, *sources.get(*i)?)))
             .collect();
-        for j in timed_out {
-            if let Some(from) = self
-                .asked
-                .get(&j)
-                .and_then(|(i, _)| self.sources.get(*i))
-                .copied()
-            {
-                self.reduced_not_found(now, from, j, me, out);
-            }
+        for (j, from) in timed_out {
+            self.reduced_not_found(now, from, j, me, out);
         }
-        // Overdue slices: computed here.
-        if now >= self.started + COMBINE_GRACE_MS && self.sources.is_empty() {
-            for j in 0..self.slices() {
-                let computing = self.work.get(&j).is_some_and(|w| w.role == Role::Compute);
-                if !self.combiner.has(j) && !computing {
-                    self.gather(now, j, Role::Compute, me, out);
+        if !self.replay {
+            // Slices whose push has not come: asked of their checker and reducer (a push may
+            // be lost, or we came late); later, computed here.
+            let waiting = |c: &Self, j: u32| {
+                !c.combiner.has(j)
+                    && !c.asked.contains_key(&j)
+                    && !c.work.get(&j).is_some_and(|w| w.role == Role::Compute)
+            };
+            if now >= self.started + REDUCED_GRACE_MS {
+                for j in 0..self.slices() {
+                    let (red, chk) = assigned(&self.members, self.rules.round, j);
+                    if waiting(self, j) && !self.work.contains_key(&j) && !self.asked_before(j) {
+                        let sources = [chk, red].into_iter().filter(|k| *k != me).collect();
+                        self.ask_reduced(now, j, sources, out);
+                        self.asked_once.insert(j);
+                    }
+                }
+            }
+            if now >= self.started + COMBINE_GRACE_MS {
+                for j in 0..self.slices() {
+                    if waiting(self, j) {
+                        self.gather(now, j, Role::Compute, me, out);
+                    }
                 }
             }
         }
@@ -622,6 +669,19 @@ impl RoundMachine {
             .as_ref()
             .filter(|(round, _)| *round == r)
             .map(|(_, s)| s.clone());
+        if std::env::var_os("NS_DEBUG_X").is_some() {
+            let xs: Vec<String> = rc
+                .collecting
+                .collected
+                .keys()
+                .map(|k| hex::encode(&k[..3]))
+                .collect();
+            eprintln!(
+                "{now} {} X r{r}: {}",
+                hex::encode(&self.me[..3]),
+                xs.join(",")
+            );
+        }
         let combining = Combining::new(
             now,
             rules,
