@@ -110,6 +110,49 @@ fn lost_contributions_leave_the_swarm_agreeing_and_learning() {
     assert!(last < first, "{first} → {last}");
 }
 
+#[test]
+fn averaging_slice_by_slice_keeps_a_nodes_bytes_flat_and_learns_as_all_to_all_does() {
+    // A model of 200,000 values (int4 contributions of ~100 KB): each node's upload per round,
+    // statuses aside, stays flat from 4 to 16 nodes, where sending to every peer grows with
+    // the swarm; the swarm agrees on every round and ends where all-to-all averaging ends.
+    let run = |nodes: usize, reduce: bool| {
+        let (n, d) = (nodes.to_string(), (nodes - 1).to_string());
+        let mut flags = vec![
+            "--nodes", &n, "--degree", &d, "--rounds", "4", "--params", "200000", "--seed", "3",
+        ];
+        if reduce {
+            flags.extend(["--reduce", "0:int8:64"]);
+        }
+        let r = simulate(&args(&flags)).unwrap();
+        assert!(r.summary.failures.is_empty(), "{:?}", r.summary.failures);
+        for row in &r.rounds {
+            assert_eq!(
+                (row.nodes_completed, row.distinct_state_hashes),
+                (nodes, 1),
+                "{row:?}"
+            );
+        }
+        let last = r.rounds.last().unwrap().clone();
+        let bulk = last.bytes_up_median - last.status_bytes_up_median;
+        (bulk, last.val_loss.unwrap())
+    };
+    let (small, _) = run(4, true);
+    let (large, loss) = run(16, true);
+    let (whole, whole_loss) = run(16, false);
+    assert!(
+        large as f64 <= 1.3 * small as f64,
+        "{large} bytes up at 16 nodes, {small} at 4"
+    );
+    assert!(
+        whole > 2 * large,
+        "all-to-all {whole} bytes up, reducers {large}"
+    );
+    assert!(
+        (loss - whole_loss).abs() <= 0.01 * whole_loss,
+        "{loss} against all-to-all's {whole_loss}"
+    );
+}
+
 proptest! {
     // A fixed seed: the same 64 swarms on every run, so that CI is reproducible. Random draws
     // are how the rules' faults were found (DESIGN-NOTES lists them): change the seed, or raise
@@ -132,6 +175,43 @@ proptest! {
         private in any::<bool>(),
         overlap in any::<bool>(),
     ) {
+        faults_hold(nodes, latency, jitter, loss, crash, down, seed, private, overlap, None)?;
+    }
+
+    /// The same swarms, averaging slice by slice through reducers (one slice per contributor,
+    /// int8 means).
+    #[test]
+    fn averaging_slice_by_slice_under_delays_losses_and_crashes_every_node_agrees_and_finishes(
+        nodes in 2usize..=7,
+        latency in 1u64..150,
+        jitter in 0u64..150,
+        loss in 0.0f64..0.05,
+        crash in prop_oneof![Just(0.0), 15.0f64..60.0],
+        down in 1.0f64..12.0,
+        seed in 0u64..1_000_000,
+        private in any::<bool>(),
+        overlap in any::<bool>(),
+    ) {
+        let reduce = Some("0:int8:64");
+        faults_hold(nodes, latency, jitter, loss, crash, down, seed, private, overlap, reduce)?;
+    }
+}
+
+/// One swarm of the fault tests: every node finishes, agrees on every round, and learns.
+#[allow(clippy::too_many_arguments)]
+fn faults_hold(
+    nodes: usize,
+    latency: u64,
+    jitter: u64,
+    loss: f64,
+    crash: f64,
+    down: f64,
+    seed: u64,
+    private: bool,
+    overlap: bool,
+    reduce: Option<&str>,
+) -> Result<(), TestCaseError> {
+    {
         let nodes_s = nodes.to_string();
         // An open swarm's cases lose no messages: a bootstrap that loses the fetch of the
         // preferred state's contribution follows a lesser one, and two chains then go on side by
@@ -143,15 +223,37 @@ proptest! {
         // swarm's next state from its own: it needs a state the swarm's rules attest — by a
         // private swarm's quorum of members, or an open swarm's bootstrap.
         let mut flags = vec![
-            "--nodes", &nodes_s, "--rounds", "8", "--latency-ms", &lat, "--jitter-ms", &jit,
-            "--loss", &loss_s, "--crash-every-secs", &crash_s, "--down-secs", &down_s,
+            "--nodes",
+            &nodes_s,
+            "--rounds",
+            "8",
+            "--latency-ms",
+            &lat,
+            "--jitter-ms",
+            &jit,
+            "--loss",
+            &loss_s,
+            "--crash-every-secs",
+            &crash_s,
+            "--down-secs",
+            &down_s,
             // Crashes stop early enough that no node comes back to a swarm that already
             // finished its rounds and left (it would wait for peers, as `nightshift run` does).
-            "--crashes-until-secs", "20", "--seed", &seed_s,
+            "--crashes-until-secs",
+            "20",
+            "--seed",
+            &seed_s,
         ];
-        flags.extend(if private { ["--private"].as_slice() } else { ["--bootstraps", "1"].as_slice() });
+        flags.extend(if private {
+            ["--private"].as_slice()
+        } else {
+            ["--bootstraps", "1"].as_slice()
+        });
         if overlap {
             flags.push("--overlap");
+        }
+        if let Some(r) = reduce {
+            flags.extend(["--reduce", r]);
         }
         let r = simulate(&args(&flags)).unwrap();
         prop_assert!(r.summary.failures.is_empty(), "{:?}", r.summary.failures);
@@ -166,4 +268,5 @@ proptest! {
         let last = r.rounds.last().and_then(|x| x.val_loss).unwrap();
         prop_assert!(last < 0.1, "{}", last);
     }
+    Ok(())
 }

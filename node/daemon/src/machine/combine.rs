@@ -34,8 +34,7 @@ pub use io::Reduced;
 pub const REDUCED_GRACE_MS: Millis = 2_000;
 /// How long a node waits for a slice's reduced form before it computes the slice itself.
 pub const COMBINE_GRACE_MS: Millis = 5_000;
-/// How long a slice fetch goes unanswered before the next holder is asked as well (the first
-/// answer counts).
+/// How long a slice fetch goes unanswered before it is sent again (the first answer counts).
 pub const HEDGE_MS: Millis = 1_500;
 /// The longest a round's combining may take before the node leaves the round.
 pub const COMBINE_MS: Millis = 60_000;
@@ -75,7 +74,7 @@ struct Asking {
     /// When the fetch under way began; `None`: none under way, the next goes out at `next`.
     since: Option<Millis>,
     next: Millis,
-    /// The next holder was asked as well, the first one being slow.
+    /// The holder was asked again, the first request being slow.
     hedged: bool,
 }
 
@@ -85,6 +84,7 @@ impl Asking {
     fn next_holder(&mut self, now: Millis) {
         self.at = (self.at + 1) % self.holders.len();
         self.since = None;
+        self.hedged = false;
         self.next = if self.at == 0 {
             now + SLICE_RETRY_MS
         } else {
@@ -336,10 +336,11 @@ impl Combining {
                     && now >= t + HEDGE_MS
                     && !a.hedged
                 {
-                    // The next holder — or, when there is no other, the same one again.
+                    // Asked again (a request or its answer may be lost): the first answer
+                    // counts.
                     a.hedged = true;
                     out.push(Output::FetchSlice {
-                        from: a.holders[(a.at + 1) % a.holders.len()],
+                        from: a.holders[a.at],
                         round,
                         id: a.id,
                         index: *j,
