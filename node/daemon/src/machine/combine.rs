@@ -670,19 +670,6 @@ impl RoundMachine {
             .as_ref()
             .filter(|(round, _)| *round == r)
             .map(|(_, s)| s.clone());
-        if std::env::var_os("NS_DEBUG_X").is_some() {
-            let xs: Vec<String> = rc
-                .collecting
-                .collected
-                .keys()
-                .map(|k| hex::encode(&k[..3]))
-                .collect();
-            eprintln!(
-                "{now} {} X r{r}: {}",
-                hex::encode(&self.me[..3]),
-                xs.join(",")
-            );
-        }
         let combining = Combining::new(
             now,
             rules,
