@@ -10,8 +10,9 @@ use crate::{DeltaCodec, Hash32, wire};
 /// Domain tag of manifest signatures.
 pub const MANIFEST_DOMAIN: &[u8] = b"nightshift/manifest/v1\0";
 /// Manifest format version (2: the inner optimizer; 3: bootstrap keys, attestation quorum,
-/// aggregator and pre-shared key fingerprint; 4: datasets of many files, shards, tokenizer.json).
-pub const MANIFEST_VERSION: u32 = 4;
+/// aggregator and pre-shared key fingerprint; 4: datasets of many files, shards, tokenizer.json;
+/// 5: the averaging).
+pub const MANIFEST_VERSION: u32 = 5;
 
 /// Most files a dataset may list.
 pub const MAX_DATA_FILES: usize = 1 << 16;
@@ -264,6 +265,10 @@ pub struct TrainingSpec {
     pub outer_lr: f32,
     pub outer_momentum: f32,
     pub codec: DeltaCodec,
+    /// How each round's contributions are averaged: sent to every peer, or slice by slice
+    /// through reducers.
+    #[serde(default)]
+    pub averaging: crate::slices::Averaging,
     /// How long a node waits for the others after its own contribution is out.
     pub round_deadline_secs: u32,
     pub init_seed: u64,
@@ -482,6 +487,9 @@ impl SignedManifest {
         } else if m.attest_quorum == 0 || m.attest_quorum as usize > m.allowlist.len() {
             return bad("the attestation quorum must be within 1..=members");
         }
+        if let Err(e) = m.training.averaging.check(m.training.codec) {
+            return bad(&format!("averaging {}: {e}", m.training.averaging));
+        }
         if let Err(e) = m.aggregator.validate() {
             return bad(&format!("aggregator {}: {e}", m.aggregator));
         }
@@ -518,6 +526,7 @@ pub(crate) mod tests {
                 outer_lr: 0.7,
                 outer_momentum: 0.9,
                 codec: DeltaCodec::Int8 { block: 64 },
+                averaging: crate::slices::Averaging::AllToAll,
                 round_deadline_secs: 10,
                 init_seed: 7,
                 data: DataSpec {

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::slices::{Reduced, Slice};
 use crate::{EncodedDelta, Hash32, SignedEnvelope, SignedManifest};
 
 /// Domain tag of state hashes.
@@ -363,17 +364,29 @@ pub enum Request {
     /// "Send me `len` bytes from `offset` of the encoded state whose hash is `hash`" (the genesis
     /// or the current state). A joiner downloads θ(t) in such chunks, resumably.
     GetStateChunk { hash: Hash32, offset: u64, len: u32 },
+    /// "Here is a reduced slice": a reducer's, to the slice's checker; the checker's, signed by
+    /// both, to every peer (a swarm that averages slice by slice).
+    PushReduced(Reduced),
+    /// "Send me slice `index` of contribution `id` to `round`, if you hold it."
+    GetSlice {
+        round: u64,
+        id: ContributionId,
+        index: u32,
+    },
+    /// "Send me reduced slice `index` of `round`, signed by both its reducers, if you hold it."
+    GetReduced { round: u64, index: u32 },
 }
 
-/// Largest frame of any request but [`Request::Push`]: a signed status with full sender lists.
+/// Largest frame of any request but [`Request::Push`] and [`Request::PushReduced`]: a signed
+/// status with full sender lists.
 pub const MAX_SMALL_REQUEST_BYTES: usize = MAX_STATUS_BYTES + 4096;
 
 /// Whether a request frame that starts with `head` (its first two bytes: the wire version and
-/// the variant) may be large: only a pushed contribution may. A receiver checks this before
+/// the variant) may be large: only a pushed contribution or reduced slice may. A receiver checks this before
 /// reading the rest, so a peer cannot make it buffer a large frame of a small kind.
 pub fn may_be_large(head: [u8; 2]) -> bool {
-    // bincode writes the variant index as a one-byte varint below 251.
-    head[1] == 2
+    // bincode writes the variant index as a one-byte varint below 251: Push, PushReduced.
+    head[1] == 2 || head[1] == 7
 }
 
 /// The answer to a [`Request`].
@@ -390,6 +403,8 @@ pub enum Response {
     StateChunk(Option<StateChunk>),
     /// The request was understood and refused, with the reason.
     Refused(String),
+    Slice(Option<Box<Slice>>),
+    Reduced(Option<Reduced>),
 }
 
 #[cfg(test)]

@@ -35,6 +35,93 @@ const LEAF: u8 = 0;
 const NODE: u8 = 1;
 const LEAF_DOMAIN: &[u8] = b"nightshift/slice/v1\0";
 
+/// How a swarm averages each round's contributions (the manifest's `training.averaging`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Averaging {
+    /// Every node sends its whole contribution to every peer and averages them all: simple,
+    /// and what a node sends and receives grows with the swarm.
+    #[default]
+    AllToAll,
+    /// Slice by slice, through reducers inside the network: each contributor of a round
+    /// averages one slice of every contribution, a second checks it, and every node gathers the
+    /// averaged slices. What a node sends and receives stays about the same as the swarm grows.
+    Reduce {
+        /// Slices a contribution is cut into; 0: one per contributor to the round before.
+        slices: u32,
+        /// How the reducers send their averages.
+        mean_codec: DeltaCodec,
+    },
+}
+
+impl Averaging {
+    /// Slicing by contributors, the reducers' averages sent as `int8:64`.
+    pub const REDUCE: Averaging = Averaging::Reduce {
+        slices: 0,
+        mean_codec: DeltaCodec::Int8 { block: 64 },
+    };
+
+    /// Whether contributions sent as `codec` can be averaged this way.
+    ///
+    /// # Errors
+    /// Why not.
+    pub fn check(&self, codec: DeltaCodec) -> Result<(), String> {
+        let Averaging::Reduce { slices, mean_codec } = *self else {
+            return Ok(());
+        };
+        if slices > MAX_SLICES {
+            return Err(format!("at most {MAX_SLICES} slices"));
+        }
+        if slice_align(codec).is_none() {
+            return Err(format!(
+                "contributions sent as {codec} do not cut into slices"
+            ));
+        }
+        if slice_align(mean_codec).is_none() {
+            return Err(format!(
+                "averages sent as {mean_codec} do not cut into slices"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for Averaging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Averaging::AllToAll => write!(f, "all-to-all"),
+            Averaging::Reduce { slices, mean_codec } => write!(f, "reduce:{slices}:{mean_codec}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Averaging {
+    type Err = String;
+
+    /// Parses `all-to-all` or `reduce[:SLICES[:CODEC]]` (e.g. `reduce`, `reduce:0:int8:64`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad =
+            || format!("unknown averaging {s:?}: expected all-to-all or reduce[:SLICES[:CODEC]]");
+        let (name, rest) = s.split_once(':').map_or((s, None), |(a, b)| (a, Some(b)));
+        match (name, rest) {
+            ("all-to-all", None) => Ok(Averaging::AllToAll),
+            ("reduce", None) => Ok(Averaging::REDUCE),
+            ("reduce", Some(rest)) => {
+                let (n, codec) = rest
+                    .split_once(':')
+                    .map_or((rest, None), |(a, b)| (a, Some(b)));
+                let slices = n.parse().map_err(|_| bad())?;
+                let mean_codec = match codec {
+                    Some(c) => c.parse()?,
+                    None => DeltaCodec::Int8 { block: 64 },
+                };
+                let a = Averaging::Reduce { slices, mean_codec };
+                a.check(DeltaCodec::Fp32).map(|()| a)
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
 /// The values a slice of a delta covers: `slices` ranges of whole `align`-value blocks, as equal
 /// as blocks allow (the first ones one block longer), in order, covering `0..len`. `None` when
 /// `slices` is 0 or larger than the number of blocks.
@@ -417,6 +504,15 @@ pub struct ReducedSlice {
     /// distance from it: the parts of the round's noise ratio.
     pub mean_sq: f64,
     pub spread: f64,
+}
+
+/// A reduced slice as it travels: the envelopes of its reducers (the reducer's alone on its
+/// way to the checker; both once checked), all over one [`ReducedSlice`] payload. The inputs it
+/// counts do not travel with it: it names them by digest, and a node that can use it holds the
+/// same set already.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reduced {
+    pub signed: Vec<SignedEnvelope>,
 }
 
 /// The contributions a reduced slice counts, in key order.

@@ -4,6 +4,7 @@ use ed25519_dalek::SigningKey;
 use nightshift_model::backend::{Cpu, cpu_device};
 use nightshift_model::{GptConfig, flat};
 use nightshift_protocol::manifest::{InnerOptimizer, MANIFEST_VERSION};
+use nightshift_protocol::slices::Averaging;
 use nightshift_protocol::{
     Aggregator, DeltaCodec, Hash32, Manifest, ModelSpec, SignedManifest, StateSnapshot,
     TrainingSpec, psk_fingerprint,
@@ -65,6 +66,8 @@ pub struct SwarmSettings {
     pub outer_lr: f32,
     pub outer_momentum: f32,
     pub codec: DeltaCodec,
+    /// How each round's contributions are averaged.
+    pub averaging: Averaging,
     pub round_deadline_secs: u32,
     pub init_seed: u64,
     pub val_permille: u32,
@@ -106,6 +109,7 @@ impl Default for SwarmSettings {
             outer_momentum: 0.7,
             // int4 was free against fp32 at T = 1000 (BENCHMARKS.md) and sends half of int8.
             codec: DeltaCodec::Int4 { block: 64 },
+            averaging: Averaging::AllToAll,
             round_deadline_secs: 60,
             init_seed: 42,
             val_permille: 100,
@@ -231,6 +235,7 @@ pub fn build_manifest(
             outer_lr: s.outer_lr,
             outer_momentum: s.outer_momentum,
             codec: s.codec,
+            averaging: s.averaging,
             round_deadline_secs: s.round_deadline_secs,
             init_seed: s.init_seed,
             data,

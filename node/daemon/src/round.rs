@@ -342,6 +342,11 @@ impl<B: AutodiffBackend> Driver<B> {
         let genesis_bytes = net::encode_state(&genesis);
         served.set_genesis(genesis.hash(), genesis_bytes);
         served.set_state(hash, net::encode_state(&state));
+        // Our slices of a round we contributed to before a restart: the round's reducers may
+        // still need them.
+        let own: Vec<Arc<nightshift_protocol::slices::Slice>> =
+            store.own_slices()?.into_iter().map(Arc::new).collect();
+        served.add_slices(&own);
         let served = net::ServedHandle::new(served);
         let max_frame = 2 * nightshift_protocol::delta::dense_bytes(num_params) * 2 + (1 << 20);
         let admitted = m.admitted();

@@ -9,6 +9,7 @@
 
 #[cfg(test)]
 use nightshift_protocol::Hash32;
+use nightshift_protocol::slices::Slice;
 use nightshift_protocol::{SignedManifest, StateSnapshot, WIRE_VERSION, wire};
 use std::path::Path;
 use thiserror::Error;
@@ -19,6 +20,9 @@ const KEY_MANIFEST: &[u8] = b"manifest";
 const KEY_STATE: &[u8] = b"state";
 const TREE_CHECKPOINTS: &str = "checkpoints";
 const TREE_DOWNLOADS: &str = "downloads";
+const TREE_OWN_SLICES: &str = "own-slices";
+/// Rounds of our own slices kept on disk.
+const KEEP_OWN_SLICE_ROUNDS: usize = 2;
 /// Checkpoints kept on disk.
 pub const KEEP_CHECKPOINTS: usize = 3;
 
@@ -225,6 +229,54 @@ impl Store {
         }
         tree.flush()?;
         Ok(())
+    }
+
+    /// Keeps our own contribution's slices to `round` on disk (flushed): until the round's
+    /// reducers have fetched them, nobody else holds them, so a restart must not lose them.
+    /// Only the newest [`KEEP_OWN_SLICE_ROUNDS`] rounds are kept.
+    ///
+    /// # Errors
+    /// On storage failure.
+    pub fn save_own_slices(&self, round: u64, slices: &[Slice]) -> Result<(), StoreError> {
+        let tree = self.db.open_tree(TREE_OWN_SLICES)?;
+        let mut key = round.to_be_bytes().to_vec();
+        if let Some(first) = slices.first() {
+            key.extend_from_slice(&first.envelope.digest().0);
+        }
+        tree.insert(key, wire::encode(&slices))?;
+        let rounds: Vec<sled::IVec> = tree.iter().keys().collect::<Result<_, _>>()?;
+        let mut seen: Vec<[u8; 8]> = rounds
+            .iter()
+            .map(|k| k[..8].try_into().unwrap_or([0; 8]))
+            .collect();
+        seen.dedup();
+        if seen.len() > KEEP_OWN_SLICE_ROUNDS {
+            let oldest = &seen[..seen.len() - KEEP_OWN_SLICE_ROUNDS];
+            for k in rounds
+                .iter()
+                .filter(|k| oldest.iter().any(|o| k[..8] == o[..]))
+            {
+                tree.remove(k)?;
+            }
+        }
+        tree.flush()?;
+        Ok(())
+    }
+
+    /// Our own slices kept on disk (those that decode), newest rounds last.
+    ///
+    /// # Errors
+    /// On storage failure.
+    pub fn own_slices(&self) -> Result<Vec<Slice>, StoreError> {
+        let tree = self.db.open_tree(TREE_OWN_SLICES)?;
+        let mut out = vec![];
+        for item in tree.iter() {
+            let (_, v) = item?;
+            if let Ok(slices) = wire::decode::<Vec<Slice>>(&v, usize::MAX) {
+                out.extend(slices);
+            }
+        }
+        Ok(out)
     }
 
     /// The bytes downloaded so far of the encoded state with hash `hash` (a resumable sync):

@@ -4,6 +4,7 @@
 use clap::{Args, Subcommand};
 use nightshift_bootstrap::SwarmSettings;
 use nightshift_bootstrap::swarm::{NewSwarm, create};
+use nightshift_protocol::slices::Averaging;
 use nightshift_protocol::{Aggregator, DeltaCodec, InnerOptimizer};
 use std::path::PathBuf;
 
@@ -80,6 +81,14 @@ pub struct SwarmFlags {
     /// (token-weighted; one member can move it anywhere).
     #[arg(long, default_value = "cclip")]
     pub aggregator: Aggregator,
+    /// How each round's contributions are averaged: `all-to-all` (every node sends its whole
+    /// contribution to every peer; what each node sends grows with the swarm) or
+    /// `reduce[:SLICES[:CODEC]]` (slice by slice through reducers inside the network: each
+    /// contributor averages one slice of every contribution and a second checks it; what each
+    /// node sends stays about the same as the swarm grows; SLICES 0: one per contributor, the
+    /// averages sent as CODEC, `int8:64` by default).
+    #[arg(long, default_value = "all-to-all")]
+    pub averaging: Averaging,
     /// Seconds a node waits for the others after its contribution is out.
     #[arg(long, default_value_t = SwarmSettings::default().round_deadline_secs)]
     pub deadline_secs: u32,
@@ -109,6 +118,7 @@ impl SwarmFlags {
             codec: self.codec,
             round_deadline_secs: self.deadline_secs,
             aggregator: self.aggregator,
+            averaging: self.averaging,
             init_seed: self.seed,
             allowlist,
             ..SwarmSettings::default()
@@ -183,5 +193,6 @@ pub fn init(a: InitArgs) -> anyhow::Result<()> {
     println!("swarm id: {}", m.swarm_id());
     println!("manifest: {}", a.out.display());
     println!("aggregator: {}", m.manifest.aggregator);
+    println!("averaging: {}", m.manifest.training.averaging);
     Ok(())
 }

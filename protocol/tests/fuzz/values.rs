@@ -173,6 +173,7 @@ pub(crate) fn manifests() -> Vec<Manifest> {
             outer_lr: 0.7,
             outer_momentum: 0.7,
             codec: DeltaCodec::Int4 { block: 64 },
+            averaging: nightshift_protocol::slices::Averaging::AllToAll,
             round_deadline_secs: 30,
             init_seed: 7,
             data: DataSpec {

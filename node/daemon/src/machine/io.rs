@@ -1,9 +1,9 @@
 //! What goes into the round machine ([`Input`]) and what comes out ([`Output`]).
 
 use super::{Key, Millis};
+pub use nightshift_protocol::slices::Reduced;
 use nightshift_protocol::slices::Slice;
 use nightshift_protocol::{ContributionId, Hash32, SignedEnvelope, StateSnapshot, Status};
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// What happens to a node.
@@ -82,15 +82,6 @@ pub enum Input {
     Window(bool),
     /// Ctrl-C: leave now.
     Shutdown,
-}
-
-/// A reduced slice as it travels: the envelopes of its reducers (the reducer's alone on its
-/// way to the checker; both once checked), all over one
-/// [`nightshift_protocol::slices::ReducedSlice`] payload. The inputs it counts do not travel
-/// with it: it names them by digest, and a node that can use it holds the same set already.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Reduced {
-    pub signed: Vec<SignedEnvelope>,
 }
 
 /// What a round's inner steps produced.

@@ -28,7 +28,7 @@ use thiserror::Error;
 use super::accept::{Accepted, RoundContext, RoundStep, accept, round_step};
 use super::sliced::{Slicing, sliced_round_step};
 use super::{Key, Millis};
-use nightshift_protocol::slices::MAX_SLICES;
+use nightshift_protocol::slices::{Averaging, MAX_SLICES};
 
 /// Holders asked for one contribution before a replay gives up on it.
 pub const MAX_HOLDERS_ASKED: usize = 3;
@@ -79,7 +79,10 @@ impl Recipe {
             aggregator: m.manifest.aggregator,
             outer_lr: t.outer_lr,
             outer_momentum: t.outer_momentum,
-            slicing: None,
+            slicing: match t.averaging {
+                Averaging::AllToAll => None,
+                Averaging::Reduce { slices, mean_codec } => Some(Slicing { slices, mean_codec }),
+            },
         }
     }
 

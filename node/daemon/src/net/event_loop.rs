@@ -76,6 +76,11 @@ pub enum NetEvent {
         peer: PeerId,
         status: Status,
     },
+    /// A peer pushed a reduced slice (not yet verified).
+    ReducedPushed {
+        peer: PeerId,
+        reduced: nightshift_protocol::slices::Reduced,
+    },
     PeerConnected(PeerId),
     PeerDisconnected(PeerId),
 }

@@ -4,8 +4,9 @@
 //! answers from whichever is current and never waits for the round task.
 
 use nightshift_protocol::message::MAX_CHUNK_BYTES;
+use nightshift_protocol::slices::{Reduced, Slice};
 use nightshift_protocol::{
-    Hash32, SignedEnvelope, SignedManifest, StateChunk, StateSnapshot, wire,
+    ContributionId, Hash32, SignedEnvelope, SignedManifest, StateChunk, StateSnapshot, wire,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,6 +20,10 @@ pub struct Served {
     pub status: Option<Arc<SignedEnvelope>>,
     /// Verified contributions by (round, sender).
     pub contributions: HashMap<(u64, [u8; 32]), Arc<SignedEnvelope>>,
+    /// Slices (ours, and those gathered as a reducer) by (round, contribution, index).
+    pub slices: HashMap<(u64, ContributionId, u32), Arc<Slice>>,
+    /// Reduced slices signed by both their reducers, by (round, index).
+    pub reduced: HashMap<(u64, u32), Arc<Reduced>>,
     /// Hash of the genesis state θ(0), served as long as the node runs.
     pub genesis: Option<Hash32>,
     pub manifest: Option<Arc<SignedManifest>>,
@@ -32,10 +37,31 @@ impl Served {
         Served {
             status: None,
             contributions: HashMap::new(),
+            slices: HashMap::new(),
+            reduced: HashMap::new(),
             genesis: None,
             manifest: manifest.map(Arc::new),
             encoded: HashMap::new(),
         }
+    }
+
+    /// Serves `slices`.
+    pub fn add_slices<'a>(&mut self, slices: impl IntoIterator<Item = &'a Arc<Slice>>) {
+        for s in slices {
+            let key = (
+                s.envelope.header.round,
+                ContributionId::of(&s.envelope),
+                s.index,
+            );
+            self.slices.insert(key, s.clone());
+        }
+    }
+
+    /// Stops serving contributions, slices and reduced slices of rounds before `round`.
+    pub fn forget_before(&mut self, round: u64) {
+        self.contributions.retain(|(r, _), _| *r >= round);
+        self.slices.retain(|(r, _, _), _| *r >= round);
+        self.reduced.retain(|(r, _), _| *r >= round);
     }
 
     /// Serves the genesis state θ(0) (hash `hash`, encoding `bytes`) in chunks.

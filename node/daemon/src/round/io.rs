@@ -5,7 +5,7 @@
 
 use ed25519_dalek::SigningKey;
 use libp2p::PeerId;
-use nightshift_protocol::{Hash32, Request, Response, SignedEnvelope, sign_status};
+use nightshift_protocol::{ContributionId, Hash32, Request, Response, SignedEnvelope, sign_status};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -100,6 +100,13 @@ impl NetIo {
                 out.push(Input::Status { from, status });
                 out
             }
+            NetEvent::ReducedPushed { peer, reduced } => key(&peer)
+                .map(|from| Input::Reduced {
+                    from,
+                    reduced: Arc::new(reduced),
+                })
+                .into_iter()
+                .collect(),
             NetEvent::PeerConnected(peer) => match key(&peer) {
                 Some(k) if self.connected.insert(k) => vec![Input::Connected(k)],
                 _ => vec![],
@@ -182,10 +189,75 @@ impl NetIo {
                         .insert((env.header.round, env.header.sender), env.clone())
                 });
             }
-            Output::ForgetBefore(r) => {
-                self.net
-                    .served
-                    .update(|s| s.contributions.retain(|(round, _), _| *round >= r));
+            Output::ForgetBefore(r) => self.net.served.update(|s| s.forget_before(r)),
+            Output::HoldSlices(slices) => {
+                let me = self.key.verifying_key().to_bytes();
+                let own: Vec<_> = slices
+                    .iter()
+                    .filter(|s| s.envelope.header.sender == me)
+                    .map(|s| (**s).clone())
+                    .collect();
+                if let Some(first) = own.first()
+                    && let Err(e) = self
+                        .store
+                        .save_own_slices(first.envelope.header.round, &own)
+                {
+                    tracing::warn!(error = %e, "could not keep our slices on disk");
+                }
+                self.net.served.update(|s| s.add_slices(&slices));
+            }
+            Output::HoldReduced {
+                round,
+                index,
+                reduced,
+            } => self.net.served.update(|s| {
+                _ = s.reduced.insert((round, index), reduced);
+            }),
+            Output::SendReduced { to, reduced } => {
+                let net = self.net.clone();
+                let peers: Vec<PeerId> = to.iter().filter_map(peer_id_of).collect();
+                let request = Request::PushReduced((*reduced).clone());
+                tokio::spawn(async move {
+                    let sends = peers.into_iter().map(|p| {
+                        let (net, request) = (net.clone(), request.clone());
+                        async move { net.request(p, request).await }
+                    });
+                    futures::future::join_all(sends).await;
+                });
+            }
+            Output::FetchSlice {
+                from,
+                round,
+                id,
+                index,
+            } => {
+                let request = Request::GetSlice { round, id, index };
+                self.ask(from, request, move |got| match got {
+                    Some(Response::Slice(Some(slice)))
+                        if slice.index == index && ContributionId::of(&slice.envelope) == id =>
+                    {
+                        Input::Slice {
+                            from,
+                            slice: Arc::new(*slice),
+                        }
+                    }
+                    _ => Input::SliceNotFound {
+                        from,
+                        round,
+                        id,
+                        index,
+                    },
+                });
+            }
+            Output::FetchReduced { from, round, index } => {
+                let request = Request::GetReduced { round, index };
+                self.ask(from, request, move |got| match got {
+                    Some(Response::Reduced(Some(reduced))) => Input::Reduced {
+                        from,
+                        reduced: Arc::new(reduced),
+                    },
+                    _ => Input::ReducedNotFound { from, round, index },
+                });
             }
             Output::Fetch {
                 from,
@@ -220,6 +292,31 @@ impl NetIo {
                     .map(|i| got.swap_remove(i).1);
                 let _ = answers.send(Input::StatusAnswer { from: k, status });
             }
+        });
+    }
+
+    /// Sends `request` to `from` (within [`FETCH_TIMEOUT_MS`]) and hands the machine what
+    /// `answer` makes of the response (`None`: none came).
+    fn ask(
+        &self,
+        from: Key,
+        request: Request,
+        answer: impl FnOnce(Option<Response>) -> Input + Send + 'static,
+    ) {
+        let net = self.net.clone();
+        let answers = self.answers.clone();
+        tokio::spawn(async move {
+            let got = match peer_id_of(&from) {
+                Some(p) => tokio::time::timeout(
+                    Duration::from_millis(FETCH_TIMEOUT_MS),
+                    net.request(p, request),
+                )
+                .await
+                .ok()
+                .and_then(Result::ok),
+                None => None,
+            };
+            let _ = answers.send(answer(got));
         });
     }
 

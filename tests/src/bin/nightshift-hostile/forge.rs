@@ -175,7 +175,9 @@ impl Run {
             Request::GetContribution { .. } => Response::Contribution(None),
             Request::GetState { .. } => Response::State(None),
             Request::GetManifest => Response::Manifest(None),
-            Request::Push(_) | Request::Announce(_) => Response::Ack,
+            Request::GetSlice { .. } => Response::Slice(None),
+            Request::GetReduced { .. } => Response::Reduced(None),
+            Request::Push(_) | Request::Announce(_) | Request::PushReduced(_) => Response::Ack,
         }
     }
 }
@@ -189,5 +191,8 @@ fn kind_of(r: &Request) -> &'static str {
         Request::GetState { .. } => "get_state",
         Request::GetManifest => "get_manifest",
         Request::GetStateChunk { .. } => "get_state_chunk",
+        Request::PushReduced(_) => "push_reduced",
+        Request::GetSlice { .. } => "get_slice",
+        Request::GetReduced { .. } => "get_reduced",
     }
 }

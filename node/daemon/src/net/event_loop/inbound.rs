@@ -84,7 +84,7 @@ impl EventLoop {
             return;
         }
         let inflight = self.inflight.get(&peer).map_or(0, |s| s.len());
-        let push = matches!(request, Request::Push(_));
+        let push = matches!(request, Request::Push(_) | Request::PushReduced(_));
         match self.limits.check(
             peer,
             push,
@@ -119,6 +119,10 @@ impl EventLoop {
                     });
                     Response::Ack
                 }
+            }
+            Request::PushReduced(reduced) => {
+                self.forward(NetEvent::ReducedPushed { peer, reduced });
+                Response::Ack
             }
             Request::Announce(envelope) => {
                 match self
@@ -179,7 +183,16 @@ impl EventLoop {
             Request::GetStateChunk { hash, offset, len } => {
                 Response::StateChunk(served.chunk(&hash, offset, len))
             }
-            Request::Push(_) | Request::Announce(_) => Response::Ack,
+            Request::GetSlice { round, id, index } => Response::Slice(
+                served
+                    .slices
+                    .get(&(round, id, index))
+                    .map(|s| Box::new((**s).clone())),
+            ),
+            Request::GetReduced { round, index } => {
+                Response::Reduced(served.reduced.get(&(round, index)).map(|r| (**r).clone()))
+            }
+            Request::Push(_) | Request::Announce(_) | Request::PushReduced(_) => Response::Ack,
         }
     }
 }
