@@ -74,6 +74,7 @@ fn a_tiny_diloco_swarm_learns_through_the_simulator_and_counts_its_bytes() {
         outer_lr: 0.7,
         outer_momentum: 0.9,
         aggregator: nightshift_protocol::Aggregator::ROBUST,
+        averaging: nightshift_protocol::slices::Averaging::AllToAll,
         deadline_secs: 60,
         seed: 1,
     };
