@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use nightshift_node::cmd::demo::{local_node_args, start_bootstrap, tempfile_dir};
 use nightshift_node::events::{NodeEvent, read_timed_events};
+use nightshift_protocol::slices::Averaging;
 
 use crate::local::{LocalSwarm, start_node, wait_nodes};
 use crate::results::{Recorded, commit_here};
@@ -36,6 +37,16 @@ pub struct ScaleArgs {
     /// Model preset of the process swarms.
     #[arg(long, default_value = "tiny")]
     pub preset: String,
+    /// How the swarms average each round (`nightshift swarm init --averaging`).
+    #[arg(long, default_value = "all-to-all")]
+    pub averaging: Averaging,
+    /// Values of the simulator's stand-in model (default: as many as the preset has).
+    #[arg(long)]
+    pub sim_params: Option<usize>,
+    /// Peers each simulated node dials (default: the simulator's; every other node when the
+    /// swarm averages slice by slice, which needs every contributor's header).
+    #[arg(long)]
+    pub sim_degree: Option<usize>,
     /// Give up on a process swarm after this long.
     #[arg(long, default_value_t = 900.0)]
     pub max_secs: f64,
@@ -80,6 +91,7 @@ async fn run_processes(a: &ScaleArgs, n: usize, dir: &Path) -> anyhow::Result<Sc
         name: format!("scale-{n}"),
         preset: a.preset.clone(),
         allowlist,
+        averaging: a.averaging,
         ..nightshift_bootstrap::SwarmSettings::default()
     })?
     .manifest;
@@ -151,10 +163,22 @@ async fn run_processes(a: &ScaleArgs, n: usize, dir: &Path) -> anyhow::Result<Sc
 /// The simulator at `n` nodes, its stand-in model as wide as the preset (so that contributions
 /// weigh what the processes' do), its defaults otherwise.
 fn run_sim(a: &ScaleArgs, n: usize, params: usize) -> anyhow::Result<ScaleRun> {
+    let reduce = match a.averaging {
+        Averaging::AllToAll => None,
+        Averaging::Reduce { slices, mean_codec } => Some(format!("{slices}:{mean_codec}")),
+    };
+    let default_degree = SimArgs::default().degree;
+    let degree = a.sim_degree.unwrap_or(if reduce.is_some() {
+        n - 1
+    } else {
+        default_degree
+    });
     let r = simulate(&SimArgs {
         nodes: n,
         rounds: a.rounds,
-        params,
+        params: a.sim_params.unwrap_or(params),
+        degree,
+        reduce,
         ..SimArgs::default()
     })?;
     let rows = &r.rounds;
