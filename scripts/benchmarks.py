@@ -402,6 +402,59 @@ def scale_rows():
     return rows
 
 
+def scale_reduce_rows():
+    path = "docs/bench/scale-reduce.json"
+    if not (ROOT / path).exists():
+        return []
+    d = load(path)
+    width = d["config"].get("sim_params")
+    rows = []
+    for r in d["runs"]:
+        sim = r["source"] == "simulator"
+        unit = "virtual s" if sim else "s"
+        bulk = r["bytes_up_per_node_per_round"] - r["status_bytes_up_per_node_per_round"]
+        model = f"{width:,} values" if sim and width else "`tiny`"
+        rows.append([
+            f"{r['nodes']:,}", r["source"], model,
+            f"{r['bytes_up_per_node_per_round'] / 1e3:,.0f} KB",
+            f"{r['bytes_down_per_node_per_round'] / 1e3:,.0f} KB",
+            f"{r['status_bytes_up_per_node_per_round'] / 1e3:,.0f} KB",
+            f"{bulk / 1e3:,.0f} KB",
+            f"{r['round_secs']:.1f} {unit}",
+            str(r["distinct_final_states"]),
+        ])
+    return rows
+
+
+def scale_reduce_note():
+    path = "docs/bench/scale-reduce.json"
+    if not (ROOT / path).exists():
+        return ""
+    d = load(path)
+    runs = {(r["source"], r["nodes"]): r for r in d["runs"]}
+    bulk = lambda r: r["bytes_up_per_node_per_round"] - r["status_bytes_up_per_node_per_round"]
+    out = []
+    p4, p16 = runs.get(("processes", 4)), runs.get(("processes", 16))
+    if p4 and p16:
+        up = p16["bytes_up_per_node_per_round"] / p4["bytes_up_per_node_per_round"]
+        down = p16["bytes_down_per_node_per_round"] / p4["bytes_down_per_node_per_round"]
+        out.append(f"At 16 processes a node sends **{up:.1f}×** and receives **{down:.1f}×** what it "
+                   f"does at 4 (all-to-all: the table above); statuses aside, it sends "
+                   f"**{bulk(p16) / bulk(p4):.2f}×**: the statuses, which still list the round's "
+                   "contributions to every peer, are what grows (DESIGN-NOTES, *Not built yet*)")
+    sims = sorted((r for r in d["runs"] if r["source"] == "simulator"), key=lambda r: r["nodes"])
+    if len(sims) >= 2:
+        a, b = sims[0], sims[-1]
+        out.append(f"simulated with a model of {d['config'].get('sim_params', 0):,} values, a "
+                   f"node's upload statuses aside goes from {bulk(a) / 1e6:.2f} MB at "
+                   f"{a['nodes']} nodes to {bulk(b) / 1e6:.2f} MB at {b['nodes']} "
+                   f"(**{bulk(b) / bulk(a):.2f}×**)")
+    wall, rss = wall_rss("docs/bench/scale-reduce.txt")
+    out.append(f"the command took {wall / 60:.0f} min, peak RSS {rss / 1024:.1f} GiB")
+    return ("; ".join(out) + f". `nightshift-lab scale --averaging reduce --sim-nodes 16,64 "
+            f"--sim-params 1000000 --json F` · {commit_of(path, '?')} · `{path}`, `.txt`.")
+
+
 def scale_note():
     path = "docs/bench/scale.json"
     if not (ROOT / path).exists():
@@ -556,6 +609,7 @@ def reduce_rows():
         "4:int8:64": "**4 slices, means sent as int8:64**",
         "4:int4:64": "4 slices, means sent as int4:64 (half the bytes of int8)",
         "16:int8:64": "16 slices, means sent as int8:64",
+        "0:int8:64": "**one slice per contributor, means sent as int8:64 (`--averaging reduce`)**",
     }
     order = list(about)
     specs = sorted({k[0] for k in found}, key=lambda x: order.index(x) if x in order else 99)
@@ -765,6 +819,17 @@ def page():
         "",
         scale_note(),
         "",
+        "With reducers (`swarm init --averaging reduce`: each round's contributors average one "
+        "slice of every contribution each, a second checks it, every node gathers the co-signed "
+        "slices; DESIGN-NOTES, *Averaging flat in N*). Processes as above; the simulator fully "
+        "connected (every contributor's header reaches every node) with a wider stand-in model.",
+        "",
+        table(["nodes", "source", "model", "bytes up per node per round", "bytes down",
+               "of the upload: statuses", "the rest", "round", "states at the end"],
+              scale_reduce_rows()),
+        "",
+        scale_reduce_note(),
+        "",
         "## Averaging slice by slice: what the reducers' step costs in accuracy",
         "",
         "Issue 26's flat averaging is a reduce-scatter (DESIGN-NOTES, *Averaging flat in N*): "
@@ -789,8 +854,8 @@ def page():
         "--reduce 8:int8:64`, the Trust row's setting, a59778a, "
         "`docs/bench/byzantine/reduce-8-int8-s*.json` against `whole-s42-44.json`): the worst, "
         f"signflip, at **{byz_reduce()}** of the honest workers' loss, against {byz_whole()} "
-        "clipping whole deltas in the same run. Not yet the swarm's round: the daemon still "
-        "averages whole contributions (the Scale rows above).",
+        "clipping whole deltas in the same run. The swarm's round runs this step when its manifest "
+        "says `averaging = reduce` (the Scale section).",
         "",
         "## Links: how fast a swarm trains as its links get slower (`nightshift-lab links`, V2)",
         "",

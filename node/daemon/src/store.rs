@@ -436,4 +436,43 @@ mod tests {
         store.clear_downloads().unwrap();
         assert!(store.download(&[2; 32]).unwrap().is_empty());
     }
+
+    #[test]
+    fn our_slices_survive_a_restart_and_only_the_newest_rounds_are_kept() {
+        use nightshift_protocol::DeltaCodec;
+        use nightshift_protocol::slices::{
+            SlicedContribution, SlicedDelta, round_slices, sign_sliced,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+        let codec = DeltaCodec::Int4 { block: 64 };
+        let values: Vec<f32> = (0..512).map(|i| (i as f32 * 0.1).sin()).collect();
+        let ranges = round_slices(values.len(), 2, codec, codec).unwrap();
+        let slices_of = |round: u64| -> Vec<Slice> {
+            let sliced = SlicedDelta::encode(codec, &values, &ranges);
+            let header = SlicedContribution {
+                tokens: 10,
+                inner_steps: 1,
+                train_loss: 1.0,
+                expected: 1,
+                codec,
+                len: values.len() as u64,
+                slices: 2,
+                root: sliced.root,
+            };
+            let env = sign_sliced(&key, Hash32::default(), round, Hash32::default(), &header);
+            (0..2).map(|j| sliced.slice(&env, j)).collect()
+        };
+        {
+            let store = Store::open(dir.path()).unwrap();
+            for round in 1..=3 {
+                store.save_own_slices(round, &slices_of(round)).unwrap();
+            }
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let kept = store.own_slices().unwrap();
+        let rounds: Vec<u64> = kept.iter().map(|s| s.envelope.header.round).collect();
+        assert_eq!(rounds, vec![2, 2, 3, 3]);
+        assert_eq!(kept[2..], slices_of(3)[..]);
+    }
 }

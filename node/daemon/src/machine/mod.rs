@@ -218,6 +218,8 @@ pub struct RoundMachine {
     own_slices: Option<(u64, Vec<Arc<Slice>>)>,
     /// Reduced slices that came before the node was ready for them.
     early_reduced: Vec<(Key, Arc<Reduced>)>,
+    /// The look after the last round asked for fresh statuses.
+    final_look: bool,
     out: Vec<Output>,
 }
 
@@ -253,6 +255,7 @@ impl RoundMachine {
             tokens_per_sec: None,
             own_slices: None,
             early_reduced: vec![],
+            final_look: false,
             out: vec![],
         }
     }

@@ -146,7 +146,8 @@ impl Recipe {
 
     /// How the round that starts from `base` cuts its contributions, when the swarm averages
     /// slice by slice: the recipe's slice count, or (when it names none) one slice per
-    /// contributor to `base` — the round's reducers — as many as the model's blocks allow.
+    /// contributor to `base` — about the round's reducers — as many as the model's blocks
+    /// allow (one at round 0).
     pub fn round_slicing(&self, base: &StateSnapshot) -> Option<Slicing> {
         let s = self.slicing?;
         if s.slices > 0 {

@@ -10,6 +10,9 @@ use super::*;
 use nightshift_protocol::VerifyError;
 use nightshift_protocol::slices::SliceError;
 
+mod replay_sliced;
+pub(super) use replay_sliced::replay_combining;
+
 /// A verification under way: the claims still worth trying this alignment, the one being tried.
 #[derive(Debug)]
 pub(super) struct Verifying {
@@ -42,14 +45,6 @@ struct Replay {
     combining: Option<Box<Combining>>,
 }
 
-/// The combining of the replay under way, if any.
-pub(super) fn replay_combining(v: &mut Verifying) -> Option<&mut Combining> {
-    match &mut v.current {
-        Some(Attempt::Replay(rp)) => rp.combining.as_deref_mut(),
-        _ => None,
-    }
-}
-
 impl RoundMachine {
     /// While peers still train or collect the previous round, wait for them (they may form a
     /// state we prefer), at most until `until`; a window that closes ends the wait (unless this
@@ -65,6 +60,17 @@ impl RoundMachine {
             .filter(|(_, s)| s.round < r && matches!(s.phase, Phase::Training | Phase::Collecting))
             .count();
         if lagging == 0 || now >= until || !available {
+            if finish && !self.final_look {
+                // The look after the last round, which no next round repairs: on fresh
+                // statuses (an announcement of a state formed meanwhile may have been lost).
+                self.final_look = true;
+                self.stage = Stage::Aligning {
+                    until: now + LOOKUP_MS,
+                    finish,
+                };
+                self.refresh_statuses(now);
+                return;
+            }
             self.start_verifying(now, finish);
         }
     }
@@ -409,140 +415,6 @@ impl RoundMachine {
             Err(e) => {
                 let fault = e.is_fault();
                 self.attempt_failed(now, e.to_string(), fault);
-            }
-        }
-    }
-
-    /// Replays a round averaged slice by slice: the claim's headers verified, its reduced
-    /// slices fetched from the claim's holders (checked against the round's reducers'
-    /// signatures) or computed from the members' slices, the step taken and its hash compared.
-    fn replay_sliced(&mut self, now: Millis, slicing: sliced::Slicing) {
-        let peers = self.connected_keys();
-        let me = self.me;
-        let own = self.own_slices.clone();
-        let Stage::Verifying(Verifying {
-            current: Some(Attempt::Replay(rp)),
-            ..
-        }) = &mut self.stage
-        else {
-            return;
-        };
-        if rp.combining.is_none() {
-            let mut set = BTreeMap::new();
-            for id in &rp.claim.formed_by {
-                let Some(env) = rp.have.get(&id.sender) else {
-                    continue;
-                };
-                let recipe = &self.cfg.recipe;
-                let rules = RoundSlices {
-                    recipe: recipe.clone(),
-                    round: rp.base.round,
-                    base_hash: rp.base_hash,
-                    slicing,
-                };
-                match sliced::accept_header(&rules.context(), env) {
-                    Ok(a) => _ = set.insert(a.sender, a),
-                    Err(SliceError::Envelope(VerifyError::WrongBase { .. }))
-                        if self.cfg.recipe.attested(&rp.claim) =>
-                    {
-                        // We are on a fork of the round before: a state the swarm's rules
-                        // vouch for is downloaded instead (as for a whole round).
-                        let claim = rp.claim.clone();
-                        let attempt = self.start_download(now, claim);
-                        if let Stage::Verifying(v) = &mut self.stage {
-                            v.current = Some(attempt);
-                        }
-                        return;
-                    }
-                    Err(e) => {
-                        // Signed for another base: nobody's fault in particular.
-                        let fault =
-                            !matches!(e, SliceError::Envelope(VerifyError::WrongBase { .. }));
-                        let reason = format!("{}'s contribution: {e}", short(&id.sender));
-                        return self.attempt_failed(now, reason, fault);
-                    }
-                }
-            }
-            if set.is_empty() {
-                return self.attempt_failed(now, "a state formed by nothing".into(), true);
-            }
-            let rules = RoundSlices {
-                recipe: self.cfg.recipe.clone(),
-                round: rp.base.round,
-                base_hash: rp.base_hash,
-                slicing,
-            };
-            let own = own
-                .as_ref()
-                .filter(|(r, _)| *r == rp.base.round)
-                .map(|(_, s)| s.as_slice());
-            let mut sources = rp.claim.holders.clone();
-            sources.truncate(rules::MAX_HOLDERS_ASKED);
-            rp.combining = Some(Box::new(Combining::new(
-                now,
-                rules,
-                rp.base.noise,
-                &set,
-                me,
-                own,
-                sources,
-                &mut self.out,
-            )));
-            self.offer_early_reduced(now);
-        }
-        let Stage::Verifying(Verifying {
-            current: Some(Attempt::Replay(rp)),
-            ..
-        }) = &mut self.stage
-        else {
-            return;
-        };
-        let Some(c) = rp.combining.as_mut() else {
-            return;
-        };
-        match c.drive(now, &self.cfg.key, &peers, &mut self.out) {
-            Outcome::Pending => {}
-            Outcome::Failed(reason) => self.attempt_failed(now, reason, false),
-            Outcome::Done(step, formed) => {
-                let next = self.cfg.recipe.next_state(&rp.base, &step, formed);
-                let hash = next.hash();
-                if hash != rp.claim.hash {
-                    let reason = format!(
-                        "replayed to {}, not the claimed {}",
-                        hash.short(),
-                        rp.claim.hash.short()
-                    );
-                    return self.attempt_failed(now, reason, true);
-                }
-                let bytes = rp.bytes + c.bytes;
-                let Stage::Verifying(v) = &mut self.stage else {
-                    return;
-                };
-                let Some(Attempt::Replay(rp)) = v.current.take() else {
-                    return;
-                };
-                v.left = v.left.saturating_sub(1);
-                for env in rp.have.into_values() {
-                    self.hold(rp.base.round, env);
-                }
-                let reason = if rp.fork {
-                    "diverged from the swarm"
-                } else {
-                    "behind the swarm"
-                };
-                self.adopt(
-                    next,
-                    hash,
-                    Some((rp.base, rp.base_hash)),
-                    How::Synced {
-                        from: rp.claim.holders[0],
-                        reason,
-                        verified: "replay",
-                        bytes,
-                        replaced: None,
-                    },
-                );
-                self.verify_step(now);
             }
         }
     }

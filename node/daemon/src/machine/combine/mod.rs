@@ -118,8 +118,10 @@ pub(super) struct Combining {
     own: Vec<Arc<Slice>>,
     /// Reducers' single-signed slices waiting for our check.
     to_check: BTreeMap<u32, SignedEnvelope>,
-    /// A replay: the claim's holders, asked for every reduced slice before any is computed.
+    /// A replay: the claim's holders, asked for every reduced slice before any is computed
+    /// (and for slices, when one is).
     replay: bool,
+    sources: Vec<Key>,
     /// Reduced slices asked for: per slice, the peers to ask, the one asked, and when.
     asked: BTreeMap<u32, (Vec<Key>, usize, Millis)>,
     /// Slices asked of their reducers once already (not asked again).
@@ -186,6 +188,7 @@ impl Combining {
             work: BTreeMap::new(),
             to_check: BTreeMap::new(),
             replay: !sources.is_empty(),
+            sources: sources.clone(),
             asked: BTreeMap::new(),
             asked_once: BTreeSet::new(),
             noise,
@@ -234,8 +237,10 @@ impl Combining {
             if reducer.holds(std::slice::from_ref(id)) {
                 continue;
             }
+            // The sender, the slice's reducers, and (a replay) the claim's holders, who
+            // gathered the slices they computed themselves.
             let mut holders = vec![id.sender];
-            for h in [red, chk] {
+            for h in [red, chk].into_iter().chain(self.sources.iter().copied()) {
                 if !holders.contains(&h) && h != me {
                     holders.push(h);
                 }
@@ -627,154 +632,5 @@ impl Combining {
     }
 }
 
-/// The combining stage of a node's own round: the combining, and what the round's summary needs.
-#[derive(Debug)]
-pub(super) struct CombineStage {
-    pub(super) combining: Combining,
-    pub(super) collecting: Collecting,
-    pub(super) missed: usize,
-}
-
-impl Combining {
-    /// The round it combines.
-    pub(super) fn round(&self) -> u64 {
-        self.rules.round
-    }
-}
-
-/// The combining under way for `round`, in the node's own round or in a replay.
-fn combining_in(stage: &mut Stage, round: u64) -> Option<&mut Combining> {
-    let c = match stage {
-        Stage::Combining(cs) => &mut cs.combining,
-        Stage::Verifying(v) => align::replay_combining(v)?,
-        _ => return None,
-    };
-    (c.round() == round).then_some(c)
-}
-
-impl RoundMachine {
-    /// The round's set is agreed: combine it slice by slice.
-    pub(super) fn start_combining(&mut self, now: Millis, slicing: Slicing) {
-        let Stage::Reconciling(rc) = std::mem::replace(&mut self.stage, Stage::Done) else {
-            return;
-        };
-        let r = self.state.round;
-        let rules = RoundSlices {
-            recipe: self.cfg.recipe.clone(),
-            round: r,
-            base_hash: self.hash,
-            slicing,
-        };
-        let own = self
-            .own_slices
-            .as_ref()
-            .filter(|(round, _)| *round == r)
-            .map(|(_, s)| s.clone());
-        let combining = Combining::new(
-            now,
-            rules,
-            self.state.noise,
-            &rc.collecting.collected,
-            self.me,
-            own.as_deref(),
-            vec![],
-            &mut self.out,
-        );
-        self.stage = Stage::Combining(Box::new(CombineStage {
-            combining,
-            collecting: rc.collecting,
-            missed: rc.missed,
-        }));
-        self.offer_early_reduced(now);
-    }
-
-    /// Reduced slices that came before the node was ready for them.
-    pub(super) fn offer_early_reduced(&mut self, now: Millis) {
-        let r = self.state.round;
-        let early = std::mem::take(&mut self.early_reduced);
-        for (from, reduced) in early {
-            let round = reduced.signed.first().map_or(0, |e| e.header.round);
-            if round == r || combining_in(&mut self.stage, round).is_some() {
-                self.on_reduced(now, from, reduced);
-            } else if round > r {
-                self.early_reduced.push((from, reduced));
-            }
-        }
-    }
-
-    pub(super) fn combine_step(&mut self, now: Millis) {
-        let peers = self.connected_keys();
-        let Stage::Combining(cs) = &mut self.stage else {
-            return;
-        };
-        let round = cs.combining.round();
-        match cs
-            .combining
-            .drive(now, &self.cfg.key, &peers, &mut self.out)
-        {
-            Outcome::Pending => {}
-            Outcome::Done(step, formed) => {
-                let Stage::Combining(cs) = std::mem::replace(&mut self.stage, Stage::Done) else {
-                    return;
-                };
-                let cs = *cs;
-                let next = self.cfg.recipe.next_state(&self.state, &step, formed);
-                self.stepped(now, next, step, cs.collecting, cs.missed);
-            }
-            Outcome::Failed(reason) => {
-                self.out
-                    .push(Output::Note(Note::LeftRound { round, reason }));
-                self.announce(Phase::Ready);
-                self.begin_round(now);
-            }
-        }
-    }
-
-    pub(super) fn on_slice(&mut self, now: Millis, from: Key, slice: Arc<Slice>) {
-        let round = slice.envelope.header.round;
-        if let Some(c) = combining_in(&mut self.stage, round) {
-            c.on_slice(now, from, &slice, &mut self.out);
-        }
-    }
-
-    pub(super) fn on_slice_not_found(
-        &mut self,
-        now: Millis,
-        from: Key,
-        round: u64,
-        id: ContributionId,
-        index: u32,
-    ) {
-        if let Some(c) = combining_in(&mut self.stage, round) {
-            c.slice_not_found(now, from, id.sender, index, &mut self.out);
-        }
-    }
-
-    pub(super) fn on_reduced(&mut self, now: Millis, from: Key, reduced: Arc<Reduced>) {
-        let Some(round) = reduced.signed.first().map(|e| e.header.round) else {
-            return;
-        };
-        let me = self.me;
-        if let Some(c) = combining_in(&mut self.stage, round) {
-            c.on_reduced(now, from, &reduced, me, &mut self.out);
-        } else if round >= self.state.round && self.early_reduced.len() < MAX_EARLY_REDUCED {
-            self.early_reduced.push((from, reduced));
-        }
-    }
-
-    pub(super) fn on_reduced_not_found(&mut self, now: Millis, from: Key, round: u64, index: u32) {
-        let me = self.me;
-        if let Some(c) = combining_in(&mut self.stage, round) {
-            c.reduced_not_found(now, from, index, me, &mut self.out);
-        }
-    }
-
-    /// The connected peers' keys.
-    pub(super) fn connected_keys(&self) -> Vec<Key> {
-        self.peers
-            .iter()
-            .filter(|(_, p)| p.connected)
-            .map(|(k, _)| *k)
-            .collect()
-    }
-}
+mod round;
+pub(super) use round::CombineStage;
