@@ -319,4 +319,34 @@ impl TestSwarm {
         }
         m
     }
+
+    /// Asserts that nodes `0..n` hold the same state for every round `1..=rounds`.
+    pub fn assert_agree(&self, n: usize, rounds: u64) {
+        let h: Vec<_> = (0..n).map(|i| self.hashes(i)).collect();
+        for round in 1..=rounds {
+            let r0 = h[0]
+                .get(&round)
+                .unwrap_or_else(|| panic!("node 0 has no state for round {round}"));
+            for (i, hi) in h.iter().enumerate().skip(1) {
+                assert_eq!(
+                    hi.get(&round),
+                    Some(r0),
+                    "node {i} disagrees at round {round}"
+                );
+            }
+        }
+    }
+}
+
+/// The validation loss a node started from and the one of its last completed round.
+pub fn val_losses(events: &[NodeEvent]) -> (Option<f32>, Option<f32>) {
+    let initial = events.iter().find_map(|e| match e {
+        NodeEvent::Started { val_loss, .. } => Some(*val_loss),
+        _ => None,
+    });
+    let last = events.iter().rev().find_map(|e| match e {
+        NodeEvent::RoundCompleted(r) => Some(r.val_loss),
+        _ => None,
+    });
+    (initial, last)
 }

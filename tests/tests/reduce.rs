@@ -3,7 +3,7 @@
 //! every node takes the round's step from the co-signed slices.
 
 use nightshift_node::events::NodeEvent;
-use nightshift_tests::{TestSwarm, assert_all_finish};
+use nightshift_tests::{TestSwarm, assert_all_finish, val_losses};
 use std::time::Duration;
 
 const EXIT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -29,19 +29,7 @@ fn four_nodes_averaging_slice_by_slice_agree_on_every_round_and_learn() {
     let mut nodes: Vec<_> = (0..n).map(|i| swarm.node(i, &addr, rounds)).collect();
     let mut all: Vec<&mut _> = nodes.iter_mut().collect();
     assert_all_finish(&mut all, EXIT_TIMEOUT);
-    let h: Vec<_> = (0..n).map(|i| swarm.hashes(i)).collect();
-    for round in 1..=rounds {
-        let r0 = h[0]
-            .get(&round)
-            .unwrap_or_else(|| panic!("node 0 has no state for round {round}"));
-        for (i, hi) in h.iter().enumerate().skip(1) {
-            assert_eq!(
-                hi.get(&round),
-                Some(r0),
-                "node {i} disagrees at round {round}"
-            );
-        }
-    }
+    swarm.assert_agree(n, rounds);
     let ev = swarm.events(0);
     // Most rounds counted every node's contribution (the first may start before all joined).
     let full = ev
@@ -52,14 +40,7 @@ fn four_nodes_averaging_slice_by_slice_agree_on_every_round_and_learn() {
         full >= rounds as usize - 1,
         "only {full} rounds had all {n} contributions"
     );
-    let initial = ev.iter().find_map(|e| match e {
-        NodeEvent::Started { val_loss, .. } => Some(*val_loss),
-        _ => None,
-    });
-    let last = ev.iter().rev().find_map(|e| match e {
-        NodeEvent::RoundCompleted(r) => Some(r.val_loss),
-        _ => None,
-    });
+    let (initial, last) = val_losses(&ev);
     let (initial, last) = (initial.unwrap(), last.unwrap());
     assert!(
         last < initial - 0.3,

@@ -1,7 +1,7 @@
 //! Real processes on 127.0.0.1: a bootstrap and three trainers that know only its address.
 
 use nightshift_node::events::NodeEvent;
-use nightshift_tests::{TestSwarm, assert_all_finish, wait_until};
+use nightshift_tests::{TestSwarm, assert_all_finish, val_losses, wait_until};
 use std::time::Duration;
 
 const EXIT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -29,19 +29,7 @@ fn three_nodes_find_each_other_and_train_five_rounds_in_agreement() {
     let mut nodes: Vec<_> = (0..3).map(|i| swarm.node(i, &addr, 5)).collect();
     let mut all: Vec<&mut _> = nodes.iter_mut().collect();
     assert_all_finish(&mut all, EXIT_TIMEOUT);
-    let h: Vec<_> = (0..3).map(|i| swarm.hashes(i)).collect();
-    for round in 1..=5 {
-        let r0 = h[0]
-            .get(&round)
-            .unwrap_or_else(|| panic!("node 0 has no state for round {round}"));
-        for (i, hi) in h.iter().enumerate().skip(1) {
-            assert_eq!(
-                hi.get(&round),
-                Some(r0),
-                "node {i} disagrees at round {round}"
-            );
-        }
-    }
+    swarm.assert_agree(3, 5);
     // No node ever held another state of any round, not even one it repaired later.
     let forks = swarm.forks(3);
     assert!(forks.values().all(|n| *n == 0), "forks: {forks:?}");
@@ -56,14 +44,7 @@ fn three_nodes_find_each_other_and_train_five_rounds_in_agreement() {
         "only {full_rounds} rounds had all three contributions"
     );
     let ev = swarm.events(0);
-    let initial = ev.iter().find_map(|e| match e {
-        NodeEvent::Started { val_loss, .. } => Some(*val_loss),
-        _ => None,
-    });
-    let last = ev.iter().rev().find_map(|e| match e {
-        NodeEvent::RoundCompleted(r) => Some(r.val_loss),
-        _ => None,
-    });
+    let (initial, last) = val_losses(&ev);
     let (initial, last) = (initial.unwrap(), last.unwrap());
     assert!(
         last < initial - 0.3,

@@ -365,14 +365,7 @@ pub(crate) fn assert_unmoved(swarm: &TestSwarm, hostile: &[String], forged: &BTr
                 _ => {}
             }
         }
-        let initial = ev.iter().find_map(|e| match e {
-            NodeEvent::Started { val_loss, .. } => Some(*val_loss),
-            _ => None,
-        });
-        let last = ev.iter().rev().find_map(|e| match e {
-            NodeEvent::RoundCompleted(r) => Some(r.val_loss),
-            _ => None,
-        });
+        let (initial, last) = nightshift_tests::val_losses(&ev);
         let (initial, last) = (initial.unwrap(), last.expect("no round completed"));
         println!("node {i}: validation loss {initial:.4} -> {last:.4}");
         assert!(

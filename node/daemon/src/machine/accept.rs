@@ -129,16 +129,29 @@ pub fn encode_delta(
     shapes: &[Vec<usize>],
     ef: &mut ErrorFeedback,
 ) -> Result<(EncodedDelta, Vec<f32>), DeltaError> {
-    let mut d: Vec<f32> = base.iter().zip(local).map(|(a, b)| a - b).collect();
-    ef.compensate(&mut d);
-    // Checked here for every codec: blockwise int4/int8 would quietly quantise a NaN to 0.
-    if let Some(i) = d.iter().position(|v| !v.is_finite()) {
-        return Err(DeltaError::NonFinite(i));
-    }
+    let d = compensated_delta(base, local, ef)?;
     let enc = delta::encode_shaped(codec, &d, shapes, &mut ef.subspaces);
     let sent = delta::decode_shaped(&enc, d.len(), shapes)?;
     ef.record(&d, &sent);
     Ok((enc, sent))
+}
+
+/// Δ = θ(r) − θ_local plus the error-feedback residual, as it is encoded for the wire.
+///
+/// # Errors
+/// A non-finite value (diverged training), checked here for every codec: blockwise int4/int8
+/// would quietly quantise a NaN to 0.
+pub fn compensated_delta(
+    base: &[f32],
+    local: &[f32],
+    ef: &mut ErrorFeedback,
+) -> Result<Vec<f32>, DeltaError> {
+    let mut d: Vec<f32> = base.iter().zip(local).map(|(a, b)| a - b).collect();
+    ef.compensate(&mut d);
+    if let Some(i) = d.iter().position(|v| !v.is_finite()) {
+        return Err(DeltaError::NonFinite(i));
+    }
+    Ok(d)
 }
 
 /// The token-weighted mean of the accepted deltas, in sender order (the same on every node).

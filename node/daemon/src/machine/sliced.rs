@@ -8,7 +8,9 @@
 //! clipping clips each slice by its own radius (block-wise robust aggregation): a contribution
 //! far off in one slice pulls that slice alone.
 
-use super::accept::{Accepted, RoundStep, aggregate_parts, round_noise_sums, scaled_step};
+use super::accept::{
+    Accepted, RoundStep, aggregate_parts, compensated_delta, round_noise_sums, scaled_step,
+};
 use nightshift_model::ErrorFeedback;
 use nightshift_model::outer::{NoiseSums, WeightedDelta, noise_ratio_of, update_noise_with};
 use nightshift_protocol::slices::{
@@ -129,11 +131,7 @@ pub fn encode_sliced(
     ranges: &[Range<usize>],
     ef: &mut ErrorFeedback,
 ) -> Result<(SlicedDelta, Vec<f32>), DeltaError> {
-    let mut d: Vec<f32> = base.iter().zip(local).map(|(a, b)| a - b).collect();
-    ef.compensate(&mut d);
-    if let Some(i) = d.iter().position(|v| !v.is_finite()) {
-        return Err(DeltaError::NonFinite(i));
-    }
+    let d = compensated_delta(base, local, ef)?;
     let sliced = SlicedDelta::encode(codec, &d, ranges);
     let mut sent = Vec::with_capacity(d.len());
     for (s, r) in sliced.slices.iter().zip(ranges) {

@@ -323,35 +323,21 @@ impl NetIo {
     /// Asks `from` for `sender`'s contribution to `round`. Only that very contribution counts as
     /// an answer; anything else is as good as none.
     fn fetch(&self, from: Key, round: u64, sender: Key) {
-        let net = self.net.clone();
-        let answers = self.answers.clone();
-        tokio::spawn(async move {
-            let got = match peer_id_of(&from) {
-                Some(p) => tokio::time::timeout(
-                    Duration::from_millis(FETCH_TIMEOUT_MS),
-                    net.request(p, Request::GetContribution { round, sender }),
-                )
-                .await
-                .ok()
-                .and_then(Result::ok),
-                None => None,
-            };
-            let input = match got {
-                Some(Response::Contribution(Some(env)))
-                    if env.header.sender == sender && env.header.round == round =>
-                {
-                    Input::Contribution {
-                        from,
-                        envelope: Arc::new(env),
-                    }
-                }
-                _ => Input::NotFound {
+        let request = Request::GetContribution { round, sender };
+        self.ask(from, request, move |got| match got {
+            Some(Response::Contribution(Some(env)))
+                if env.header.sender == sender && env.header.round == round =>
+            {
+                Input::Contribution {
                     from,
-                    round,
-                    sender,
-                },
-            };
-            let _ = answers.send(input);
+                    envelope: Arc::new(env),
+                }
+            }
+            _ => Input::NotFound {
+                from,
+                round,
+                sender,
+            },
         });
     }
 
