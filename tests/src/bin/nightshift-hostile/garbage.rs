@@ -43,16 +43,28 @@ impl Run {
             f.extend(self.junk.bytes(4096));
             self.send_raw(swarm, p, f, "raw_10mb_small_kind");
             // Valid lengths, random bytes; and random bodies behind a valid version and variant.
+            // (Random bytes that happen to spell a well-formed request are drawn again: a node
+            // rightly answers those.)
             for _ in 0..2 {
-                let n = 16 + self.junk.below(8192) as usize;
-                let mut f = (n as u32).to_be_bytes().to_vec();
-                f.extend(self.junk.bytes(n));
+                let f = loop {
+                    let n = 16 + self.junk.below(8192) as usize;
+                    let mut f = (n as u32).to_be_bytes().to_vec();
+                    f.extend(self.junk.bytes(n));
+                    if !well_formed(&f) {
+                        break f;
+                    }
+                };
                 self.send_raw(swarm, p, f, "raw_random");
-                let n = 16 + self.junk.below(4096) as usize;
-                let mut f = (n as u32).to_be_bytes().to_vec();
-                f.push(wire::WIRE_VERSION);
-                f.push(self.junk.below(7) as u8);
-                f.extend(self.junk.bytes(n - 2));
+                let f = loop {
+                    let n = 16 + self.junk.below(4096) as usize;
+                    let mut f = (n as u32).to_be_bytes().to_vec();
+                    f.push(wire::WIRE_VERSION);
+                    f.push(self.junk.below(10) as u8);
+                    f.extend(self.junk.bytes(n - 2));
+                    if !well_formed(&f) {
+                        break f;
+                    }
+                };
                 self.send_raw(swarm, p, f, "raw_random_body");
             }
             // A truncated frame: the prefix of a whole look-up, half of its bytes.
@@ -79,4 +91,9 @@ impl Run {
             );
         }
     }
+}
+
+/// Whether a length-prefixed frame holds a request a node would decode.
+fn well_formed(frame: &[u8]) -> bool {
+    wire::decode::<Request>(frame.get(4..).unwrap_or_default(), frame.len()).is_ok()
 }
