@@ -384,22 +384,28 @@ def sim_rows():
     return rows
 
 
+def scale_bulk(r):
+    """A node's upload per round less its statuses."""
+    return r["bytes_up_per_node_per_round"] - r["status_bytes_up_per_node_per_round"]
+
+
+def scale_row(r, model=None, bulk=False):
+    """One run of `nightshift-lab scale` as a table row (with the model and the upload less
+    statuses when asked)."""
+    unit = "s" if r["source"] == "processes" else "virtual s"
+    kb = lambda v: f"{v / 1e3:,.0f} KB"
+    return ([f"{r['nodes']:,}", r["source"]] + ([model] if model else []) +
+            [kb(r["bytes_up_per_node_per_round"]), kb(r["bytes_down_per_node_per_round"]),
+             kb(r["status_bytes_up_per_node_per_round"])] +
+            ([kb(scale_bulk(r))] if bulk else []) +
+            [f"{r['round_secs']:.1f} {unit}", str(r["distinct_final_states"])])
+
+
 def scale_rows():
     path = "docs/bench/scale.json"
     if not (ROOT / path).exists():
         return []
-    rows = []
-    for r in load(path)["runs"]:
-        unit = "s" if r["source"] == "processes" else "virtual s"
-        rows.append([
-            f"{r['nodes']:,}", r["source"],
-            f"{r['bytes_up_per_node_per_round'] / 1e3:,.0f} KB",
-            f"{r['bytes_down_per_node_per_round'] / 1e3:,.0f} KB",
-            f"{r['status_bytes_up_per_node_per_round'] / 1e3:,.0f} KB",
-            f"{r['round_secs']:.1f} {unit}",
-            str(r["distinct_final_states"]),
-        ])
-    return rows
+    return [scale_row(r) for r in load(path)["runs"]]
 
 
 def scale_reduce_rows():
@@ -408,22 +414,8 @@ def scale_reduce_rows():
         return []
     d = load(path)
     width = d["config"].get("sim_params")
-    rows = []
-    for r in d["runs"]:
-        sim = r["source"] == "simulator"
-        unit = "virtual s" if sim else "s"
-        bulk = r["bytes_up_per_node_per_round"] - r["status_bytes_up_per_node_per_round"]
-        model = f"{width:,} values" if sim and width else "`tiny`"
-        rows.append([
-            f"{r['nodes']:,}", r["source"], model,
-            f"{r['bytes_up_per_node_per_round'] / 1e3:,.0f} KB",
-            f"{r['bytes_down_per_node_per_round'] / 1e3:,.0f} KB",
-            f"{r['status_bytes_up_per_node_per_round'] / 1e3:,.0f} KB",
-            f"{bulk / 1e3:,.0f} KB",
-            f"{r['round_secs']:.1f} {unit}",
-            str(r["distinct_final_states"]),
-        ])
-    return rows
+    model = lambda r: f"{width:,} values" if r["source"] == "simulator" and width else "`tiny`"
+    return [scale_row(r, model(r), bulk=True) for r in d["runs"]]
 
 
 def scale_reduce_note():
@@ -432,7 +424,7 @@ def scale_reduce_note():
         return ""
     d = load(path)
     runs = {(r["source"], r["nodes"]): r for r in d["runs"]}
-    bulk = lambda r: r["bytes_up_per_node_per_round"] - r["status_bytes_up_per_node_per_round"]
+    bulk = scale_bulk
     out = []
     p4, p16 = runs.get(("processes", 4)), runs.get(("processes", 16))
     if p4 and p16:

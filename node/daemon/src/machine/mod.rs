@@ -398,7 +398,7 @@ impl RoundMachine {
                 id,
                 index,
             } => self.on_slice_not_found(now, from, round, id, index),
-            Input::Reduced { from, reduced } => self.on_reduced(now, from, reduced),
+            Input::Reduced { from, reduced } => self.on_reduced(from, reduced),
             Input::ReducedNotFound { from, round, index } => {
                 self.on_reduced_not_found(now, from, round, index)
             }

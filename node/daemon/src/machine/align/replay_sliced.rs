@@ -88,7 +88,7 @@ impl RoundMachine {
                 sources,
                 &mut self.out,
             )));
-            self.offer_early_reduced(now);
+            self.offer_early_reduced();
         }
         let Stage::Verifying(Verifying {
             current: Some(Attempt::Replay(rp)),

@@ -367,7 +367,6 @@ impl Combining {
     /// A reduced slice pushed to us or answering a fetch.
     pub(super) fn on_reduced(
         &mut self,
-        now: Millis,
         from: Key,
         reduced: &Arc<Reduced>,
         me: Key,
@@ -429,11 +428,6 @@ impl Combining {
             }
             Err(e) => refuse(out, format!("reduced slice {j}: {e}")),
         }
-        let _ = now;
-    }
-
-    fn asked_before(&self, j: u32) -> bool {
-        self.asked_once.contains(&j)
     }
 
     /// Asks `sources`, one after another, for reduced slice `j`.
@@ -510,7 +504,10 @@ impl Combining {
             if now >= self.started + REDUCED_GRACE_MS {
                 for j in 0..self.slices() {
                     let (red, chk) = assigned(&self.members, self.rules.round, j);
-                    if waiting(self, j) && !self.work.contains_key(&j) && !self.asked_before(j) {
+                    if waiting(self, j)
+                        && !self.work.contains_key(&j)
+                        && !self.asked_once.contains(&j)
+                    {
                         let sources = [chk, red].into_iter().filter(|k| *k != me).collect();
                         self.ask_reduced(now, j, sources, out);
                         self.asked_once.insert(j);

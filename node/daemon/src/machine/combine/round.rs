@@ -62,17 +62,17 @@ impl RoundMachine {
             collecting: rc.collecting,
             missed: rc.missed,
         }));
-        self.offer_early_reduced(now);
+        self.offer_early_reduced();
     }
 
     /// Reduced slices that came before the node was ready for them.
-    pub(in crate::machine) fn offer_early_reduced(&mut self, now: Millis) {
+    pub(in crate::machine) fn offer_early_reduced(&mut self) {
         let r = self.state.round;
         let early = std::mem::take(&mut self.early_reduced);
         for (from, reduced) in early {
             let round = reduced.signed.first().map_or(0, |e| e.header.round);
             if round == r || combining_in(&mut self.stage, round).is_some() {
-                self.on_reduced(now, from, reduced);
+                self.on_reduced(from, reduced);
             } else if round > r {
                 self.early_reduced.push((from, reduced));
             }
@@ -127,13 +127,13 @@ impl RoundMachine {
         }
     }
 
-    pub(in crate::machine) fn on_reduced(&mut self, now: Millis, from: Key, reduced: Arc<Reduced>) {
+    pub(in crate::machine) fn on_reduced(&mut self, from: Key, reduced: Arc<Reduced>) {
         let Some(round) = reduced.signed.first().map(|e| e.header.round) else {
             return;
         };
         let me = self.me;
         if let Some(c) = combining_in(&mut self.stage, round) {
-            c.on_reduced(now, from, &reduced, me, &mut self.out);
+            c.on_reduced(from, &reduced, me, &mut self.out);
         } else if round >= self.state.round && self.early_worth_keeping(&reduced) {
             self.early_reduced.push((from, reduced));
         }
