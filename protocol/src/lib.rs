@@ -29,7 +29,8 @@ pub use manifest::{
 };
 pub use message::{
     Contribution, ContributionId, MAX_EXPECTED, NodeRole, Request, Response, StateChunk,
-    StateSnapshot, Status, StatusError, WindowRecord, WindowState, open_status, sign_status,
+    StateSnapshot, Status, StatusError, StatusLists, WindowRecord, WindowState, open_status,
+    open_status_lists, sign_status,
 };
 pub use signed::{Expectation, PayloadKind, SignedEnvelope, VerifyError};
 pub use wire::{DecodeError, WIRE_VERSION};

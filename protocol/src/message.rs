@@ -35,7 +35,10 @@ pub enum Phase {
     Paused,
 }
 
-/// A node's view of itself, sent on every phase change and on request.
+/// A node's view of itself, sent on every phase change and on request. It is small whatever
+/// the swarm's size: the lists behind it (which contributions formed the state, which ones the
+/// node holds) are only counted and committed to by a root here, and travel on request
+/// ([`StatusLists`], [`Request::GetStatusLists`]) when a peer needs them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     pub role: NodeRole,
@@ -44,17 +47,92 @@ pub struct Status {
     pub round: u64,
     /// Hash of θ(round) and the outer-optimizer state ([`StateSnapshot::hash`]).
     pub state_hash: Hash32,
-    /// The contributions that formed θ(round) (empty for round 0).
-    pub formed_by: Vec<ContributionId>,
-    /// Senders whose verified contributions for `round` this node holds so far.
-    pub holding: Vec<[u8; 32]>,
+    /// How many contributions formed θ(round) (0 for round 0), and the root of their ids
+    /// ([`formed_root`]).
+    pub formed: u32,
+    pub formed_root: Hash32,
+    /// How many verified contributions for `round` this node holds so far, and the root of
+    /// their senders ([`holding_root`]).
+    pub holding: u32,
+    pub holding_root: Hash32,
     /// When the status was signed (Unix milliseconds): a receiver refuses one from too far in
     /// the past or future ([`MAX_STATUS_SKEW_MS`]), or older than one it already holds from the
     /// same sender.
     pub unix_ms: u64,
 }
 
-/// Largest number of senders a status may list in `formed_by` or `holding`.
+impl Status {
+    /// The status that summarizes `lists` (`unix_ms` left for the signer to set).
+    pub fn summarizing(
+        role: NodeRole,
+        phase: Phase,
+        round: u64,
+        state_hash: Hash32,
+        lists: &StatusLists,
+    ) -> Status {
+        Status {
+            role,
+            phase,
+            round,
+            state_hash,
+            formed: lists.formed_by.len() as u32,
+            formed_root: formed_root(&lists.formed_by),
+            holding: lists.holding.len() as u32,
+            holding_root: holding_root(&lists.holding),
+            unix_ms: 0,
+        }
+    }
+}
+
+/// The lists a [`Status`] commits to: the contributions that formed θ(round) (in key order,
+/// one per sender) and the senders whose contributions for `round` the node holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusLists {
+    pub formed_by: Vec<ContributionId>,
+    pub holding: Vec<[u8; 32]>,
+}
+
+impl StatusLists {
+    /// Whether these are the lists `status` commits to: the same counts and roots, and no
+    /// sender named twice.
+    pub fn matches(&self, status: &Status) -> bool {
+        let mut senders: Vec<[u8; 32]> = self.formed_by.iter().map(|c| c.sender).collect();
+        senders.sort_unstable();
+        senders.dedup();
+        self.formed_by.len() <= MAX_LISTED
+            && self.holding.len() <= MAX_LISTED
+            && senders.len() == self.formed_by.len()
+            && self.formed_by.len() == status.formed as usize
+            && self.holding.len() == status.holding as usize
+            && formed_root(&self.formed_by) == status.formed_root
+            && holding_root(&self.holding) == status.holding_root
+    }
+}
+
+/// The root of a set of contribution ids, whatever their order.
+pub fn formed_root(ids: &[ContributionId]) -> Hash32 {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    let mut parts: Vec<&[u8]> = vec![b"nightshift/formed/v1"];
+    for id in &ids {
+        parts.push(&id.sender);
+        parts.push(&id.digest.0);
+    }
+    Hash32::of(&parts)
+}
+
+/// The root of a set of senders, whatever their order.
+pub fn holding_root(keys: &[[u8; 32]]) -> Hash32 {
+    let mut keys = keys.to_vec();
+    keys.sort_unstable();
+    let mut parts: Vec<&[u8]> = vec![b"nightshift/holding/v1"];
+    for k in &keys {
+        parts.push(k);
+    }
+    Hash32::of(&parts)
+}
+
+/// Largest number of senders a status may count in `formed` or `holding`.
 pub const MAX_LISTED: usize = MAX_EXPECTED as usize;
 
 /// One contribution, named exactly: its sender and the digest of what it signed
@@ -81,8 +159,11 @@ impl ContributionId {
 /// bound to time so that an old one cannot be replayed as current.
 pub const MAX_STATUS_SKEW_MS: u64 = 10 * 60 * 1000;
 
-/// Largest encoded status: full `formed_by` and `holding` lists and the fixed fields.
-pub const MAX_STATUS_BYTES: usize = MAX_LISTED * (66 + 33) + 256;
+/// Largest encoded status.
+pub const MAX_STATUS_BYTES: usize = 512;
+
+/// Largest encoded [`StatusLists`]: both lists full.
+pub const MAX_STATUS_LISTS_BYTES: usize = MAX_LISTED * (66 + 33) + 64;
 
 /// Why a status was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -91,8 +172,10 @@ pub enum StatusError {
     Verify(#[from] crate::VerifyError),
     #[error("status does not decode: {0}")]
     Decode(#[from] crate::DecodeError),
-    #[error("status lists {0} senders (limit {MAX_LISTED})")]
+    #[error("status counts {0} senders (limit {MAX_LISTED})")]
     TooLong(usize),
+    #[error("the lists sent with a status are not the ones it commits to")]
+    ListsMismatch,
     #[error(
         "status body says round {body_round} / state {body_hash}, its signed header round {header_round} / state {header_hash}"
     )]
@@ -145,7 +228,7 @@ pub fn open_status(
     };
     let body = env.verify(&expect)?;
     let s: Status = crate::wire::decode(body, MAX_STATUS_BYTES)?;
-    let listed = s.formed_by.len().max(s.holding.len());
+    let listed = s.formed.max(s.holding) as usize;
     if listed > MAX_LISTED {
         return Err(StatusError::TooLong(listed));
     }
@@ -160,6 +243,25 @@ pub fn open_status(
     let skew = now_ms.abs_diff(s.unix_ms);
     if skew > MAX_STATUS_SKEW_MS {
         return Err(StatusError::Stale(skew / 1000));
+    }
+    Ok(s)
+}
+
+/// Verifies a status with the lists it commits to ([`Response::StatusLists`]): the status as
+/// [`open_status`] does, then the lists against its counts and roots.
+///
+/// # Errors
+/// As [`open_status`], or lists that are not the ones the status commits to.
+pub fn open_status_lists(
+    env: &SignedEnvelope,
+    lists: &StatusLists,
+    swarm_id: &Hash32,
+    allowlist: Option<&[[u8; 32]]>,
+    now_ms: u64,
+) -> Result<Status, StatusError> {
+    let s = open_status(env, swarm_id, allowlist, now_ms)?;
+    if !lists.matches(&s) {
+        return Err(StatusError::ListsMismatch);
     }
     Ok(s)
 }
@@ -375,10 +477,12 @@ pub enum Request {
     },
     /// "Send me reduced slice `index` of `round`, signed by both its reducers, if you hold it."
     GetReduced { round: u64, index: u32 },
+    /// "What is your status, with the lists it commits to?"
+    GetStatusLists,
 }
 
 /// Largest frame of any request but [`Request::Push`] and [`Request::PushReduced`]: a signed
-/// status with full sender lists.
+/// status and some room.
 pub const MAX_SMALL_REQUEST_BYTES: usize = MAX_STATUS_BYTES + 4096;
 
 /// Whether a request frame that starts with `head` (its first two bytes: the wire version and
@@ -405,6 +509,11 @@ pub enum Response {
     Refused(String),
     Slice(Option<Box<Slice>>),
     Reduced(Option<Reduced>),
+    /// The responder's signed status and the lists it commits to.
+    StatusLists {
+        status: SignedEnvelope,
+        lists: StatusLists,
+    },
 }
 
 #[cfg(test)]
@@ -478,12 +587,8 @@ mod tests {
         );
     }
 
-    fn status(round: u64) -> Status {
-        Status {
-            role: NodeRole::Trainer,
-            phase: Phase::Ready,
-            round,
-            state_hash: Hash32::of(&[b"theta"]),
+    fn lists() -> StatusLists {
+        StatusLists {
             formed_by: vec![
                 ContributionId {
                     sender: [1; 32],
@@ -494,9 +599,20 @@ mod tests {
                     digest: Hash32::of(&[b"b"]),
                 },
             ],
-            holding: vec![],
-            unix_ms: 1_700_000_000_000,
+            holding: vec![[3; 32]],
         }
+    }
+
+    fn status(round: u64) -> Status {
+        let mut s = Status::summarizing(
+            NodeRole::Trainer,
+            Phase::Ready,
+            round,
+            Hash32::of(&[b"theta"]),
+            &lists(),
+        );
+        s.unix_ms = 1_700_000_000_000;
+        s
     }
 
     #[test]
@@ -563,11 +679,76 @@ mod tests {
         };
         let w = sign_window(&key, swarm, Hash32::default(), &rec);
         assert!(open_status(&w, &swarm, None, now).is_err());
-        // A status listing more senders than any swarm can hold.
+        // A status counting more senders than any swarm can hold.
         let mut long = status(4);
-        long.holding = vec![[5; 32]; MAX_LISTED + 1];
+        long.holding = MAX_LISTED as u32 + 1;
         let env = sign_status(&key, swarm, &long);
         assert!(open_status(&env, &swarm, None, now).is_err());
+    }
+
+    #[test]
+    fn a_status_stays_small_and_its_lists_check_against_it() {
+        let key = ed25519_dalek::SigningKey::from_bytes(&[3; 32]);
+        let swarm = Hash32::of(&[b"swarm"]);
+        let now = 1_700_000_000_000;
+        // A status of a round formed by a thousand contributions is as small as one of round 0.
+        let many = StatusLists {
+            formed_by: (0..1000u32)
+                .map(|i| ContributionId {
+                    sender: Hash32::of(&[&i.to_le_bytes()]).0,
+                    digest: Hash32::of(&[b"d", &i.to_le_bytes()]),
+                })
+                .collect(),
+            holding: (0..1000u32)
+                .map(|i| Hash32::of(&[b"k", &i.to_le_bytes()]).0)
+                .collect(),
+        };
+        let big = Status::summarizing(NodeRole::Trainer, Phase::Ready, 4, Hash32::default(), &many);
+        let small = Status::summarizing(
+            NodeRole::Trainer,
+            Phase::Ready,
+            4,
+            Hash32::default(),
+            &StatusLists::default(),
+        );
+        let size = |s: &Status| wire::encode(&sign_status(&key, swarm, s)).len();
+        assert!(
+            size(&big) <= size(&small) + 8,
+            "{} vs {}",
+            size(&big),
+            size(&small)
+        );
+        assert!(wire::encode(&big).len() <= MAX_STATUS_BYTES);
+        assert!(wire::encode(&many).len() <= MAX_STATUS_LISTS_BYTES);
+        // The lists check against the status in any order; any other lists do not.
+        let env = sign_status(&key, swarm, &status(4));
+        assert_eq!(
+            open_status_lists(&env, &lists(), &swarm, None, now).unwrap(),
+            status(4)
+        );
+        let mut reordered = lists();
+        reordered.formed_by.reverse();
+        assert!(open_status_lists(&env, &reordered, &swarm, None, now).is_ok());
+        let mut other = lists();
+        other.formed_by[0].digest = Hash32::of(&[b"another"]);
+        assert_eq!(
+            open_status_lists(&env, &other, &swarm, None, now),
+            Err(StatusError::ListsMismatch)
+        );
+        let mut fewer = lists();
+        fewer.holding.clear();
+        assert!(!fewer.matches(&status(4)));
+        // A sender named twice in formed_by matches nothing, even a status built from it.
+        let mut twice = lists();
+        twice.formed_by[1].sender = twice.formed_by[0].sender;
+        let s = Status::summarizing(
+            NodeRole::Trainer,
+            Phase::Ready,
+            4,
+            Hash32::default(),
+            &twice,
+        );
+        assert!(!twice.matches(&s));
     }
 
     #[test]
@@ -577,6 +758,7 @@ mod tests {
         let all = [
             (Request::Announce(env.clone()), false),
             (Request::GetStatus, false),
+            (Request::GetStatusLists, false),
             (Request::Push(env), true),
             (
                 Request::GetContribution {

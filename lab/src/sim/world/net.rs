@@ -56,7 +56,7 @@ impl World {
     /// A request from `a` to `b`; a lost one fails after the time-out.
     pub(super) fn request(&mut self, a: usize, b: usize, req: Req) {
         let epoch = self.nodes[a].epoch;
-        let status = matches!(req, Req::Status);
+        let status = matches!(req, Req::Status | Req::Lists);
         match self.transfer(a, b, REQUEST_BYTES, status) {
             Some(at) => self.schedule(
                 at,
@@ -77,7 +77,11 @@ impl World {
     pub(super) fn failed_answer(&self, b: usize, req: &Req) -> Input {
         let from = self.nodes[b].key;
         match req {
-            Req::Status => Input::StatusAnswer { from, status: None },
+            Req::Status | Req::Lists => Input::StatusAnswer {
+                from,
+                status: None,
+                lists: None,
+            },
             Req::Contribution { round, sender } => Input::NotFound {
                 from,
                 round: *round,
@@ -111,12 +115,29 @@ impl World {
             return;
         }
         let (bytes, input) = match &req {
-            Req::Status => {
-                let status = self.nodes[b].served_status.clone();
-                let bytes = status
-                    .as_ref()
-                    .map_or(16, |s| wire::encode(s).len() as u64 + ENVELOPE_BYTES);
-                (bytes, Input::StatusAnswer { from, status })
+            Req::Status | Req::Lists => {
+                let served = self.nodes[b].served_status.clone();
+                let with_lists = matches!(req, Req::Lists);
+                let bytes = served.as_ref().map_or(16, |(s, l)| {
+                    let lists = if with_lists {
+                        wire::encode(&**l).len() as u64
+                    } else {
+                        0
+                    };
+                    wire::encode(s).len() as u64 + ENVELOPE_BYTES + lists
+                });
+                let (status, lists) = match served {
+                    Some((s, l)) => (Some(s), with_lists.then_some(l)),
+                    None => (None, None),
+                };
+                (
+                    bytes,
+                    Input::StatusAnswer {
+                        from,
+                        status,
+                        lists,
+                    },
+                )
             }
             Req::Contribution { round, sender } => {
                 match self.nodes[b].served.get(&(*round, *sender)).cloned() {

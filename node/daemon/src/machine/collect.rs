@@ -23,6 +23,8 @@ pub(super) struct Collecting {
     pub(super) wire_delta_bytes: u64,
     /// When the statuses of the peers were last asked for while some were missing.
     refreshed_at: Millis,
+    /// When each peer was last asked for its lists.
+    lists_asked: BTreeMap<Key, Millis>,
 }
 
 impl Collecting {
@@ -43,6 +45,7 @@ impl Collecting {
             own,
             wire_delta_bytes,
             refreshed_at: now,
+            lists_asked: BTreeMap::new(),
         }
     }
 }
@@ -125,14 +128,32 @@ impl RoundMachine {
             self.refresh_statuses(now);
         }
         // Fetch what peers hold and we lack: at once when its sender cannot push to us (not
-        // connected), else only after giving the push time to arrive.
+        // connected), else only after giving the push time to arrive. A peer's status only
+        // counts what it holds: its own contribution once it collects is known, the rest is
+        // in its lists, asked for (now and then) when it holds more than we do.
         let patient = now >= pushed_at + PUSH_GRACE_MS;
         let Stage::Collecting(c) = &self.stage else {
             return;
         };
         let mut ask: Vec<(Key, Key)> = vec![];
+        let mut lists_wanted = vec![];
         for (p, s) in self.trainer_peers().filter(|(_, s)| s.round == r) {
-            for k in &s.holding {
+            let listed: Vec<Key> = match self.lists_of(p) {
+                Some(l) => l.holding.clone(),
+                None => {
+                    let more = s.holding as usize > c.collected.len();
+                    let lately = c.lists_asked.get(p).is_some_and(|at| now < at + LOOKUP_MS);
+                    if more && patient && !lately {
+                        lists_wanted.push(*p);
+                    }
+                    if s.phase == Phase::Collecting && s.state_hash == self.hash {
+                        vec![*p]
+                    } else {
+                        vec![]
+                    }
+                }
+            };
+            for k in &listed {
                 let direct = self.peers.get(k).is_some_and(|x| x.connected);
                 let asked_lately = c
                     .asked
@@ -153,7 +174,11 @@ impl RoundMachine {
             for (p, k) in &ask {
                 c.asked.insert(*k, (*p, now));
             }
+            for p in &lists_wanted {
+                c.lists_asked.insert(*p, now);
+            }
         }
+        self.ask_lists(now, lists_wanted, false);
         for (from, sender) in ask {
             self.out.push(Output::Fetch {
                 from,
@@ -243,7 +268,8 @@ impl RoundMachine {
                     .collected()
                     .map(|c| c.keys().copied().collect())
                     .unwrap_or_default();
-                self.out.push(Output::Serve(self.status()));
+                let (status, lists) = self.status();
+                self.out.push(Output::Serve(status, lists));
                 self.fetched(sender);
             }
             Err(e) => {

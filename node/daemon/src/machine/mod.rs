@@ -42,7 +42,7 @@ use nightshift_model::ErrorFeedback;
 use nightshift_protocol::message::Phase;
 use nightshift_protocol::slices::Slice;
 use nightshift_protocol::{
-    ContributionId, Hash32, NodeRole, SignedEnvelope, StateSnapshot, Status,
+    ContributionId, Hash32, NodeRole, SignedEnvelope, StateSnapshot, Status, StatusLists,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -65,6 +65,8 @@ pub const LOOKUP_MS: Millis = 5_000;
 pub const FETCH_TIMEOUT_MS: Millis = 20_000;
 /// How long one contribution fetch for a replay may take before the next holder is asked.
 pub const REPLAY_FETCH_MS: Millis = 10_000;
+/// How often a peer is asked again for the lists its status commits to while they are wanted.
+pub const LISTS_RETRY_MS: Millis = 1_500;
 /// How long a pushed contribution may take to arrive before it is fetched instead.
 pub const PUSH_GRACE_MS: Millis = 2_000;
 /// How long collection stays quiet (nobody missing) before it closes: one more look at the
@@ -136,6 +138,8 @@ struct Early {
 struct Peer {
     connected: bool,
     status: Option<Status>,
+    /// The lists its status commits to, when it sent them (asked for: [`Output::AskLists`]).
+    lists: Option<Arc<StatusLists>>,
     tokens_per_sec: Option<f64>,
 }
 
@@ -334,17 +338,21 @@ impl RoundMachine {
         })
     }
 
-    /// The status this node would announce now (`unix_ms` left for the signer to set).
-    pub fn status(&self) -> Status {
-        Status {
-            role: self.cfg.role,
-            phase: self.phase,
-            round: self.state.round,
-            state_hash: self.hash,
+    /// The status this node would announce now (`unix_ms` left for the signer to set), with the
+    /// lists it commits to.
+    pub fn status(&self) -> (Status, Arc<StatusLists>) {
+        let lists = StatusLists {
             formed_by: self.state.formed_by.clone(),
             holding: self.holding.clone(),
-            unix_ms: 0,
-        }
+        };
+        let status = Status::summarizing(
+            self.cfg.role,
+            self.phase,
+            self.state.round,
+            self.hash,
+            &lists,
+        );
+        (status, Arc::new(lists))
     }
 
     /// Handles one input at `now` and returns what to do.
@@ -363,13 +371,18 @@ impl RoundMachine {
                 if let Some(p) = self.peers.get_mut(&k) {
                     p.connected = false;
                     p.status = None;
+                    p.lists = None;
                 }
                 self.answered(k);
             }
-            Input::Status { from, status } => self.note_status(now, from, status),
-            Input::StatusAnswer { from, status } => {
+            Input::Status { from, status } => self.note_status(now, from, status, None),
+            Input::StatusAnswer {
+                from,
+                status,
+                lists,
+            } => {
                 if let Some(s) = status {
-                    self.note_status(now, from, s);
+                    self.note_status(now, from, s, lists);
                 }
                 self.answered(from);
             }
@@ -488,7 +501,8 @@ impl RoundMachine {
 
     fn announce(&mut self, phase: Phase) {
         self.phase = phase;
-        self.out.push(Output::Announce(self.status()));
+        let (status, lists) = self.status();
+        self.out.push(Output::Announce(status, lists));
     }
 
     fn finish(&mut self, reason: &'static str) {
@@ -498,7 +512,13 @@ impl RoundMachine {
     }
 
     /// Records a peer's status unless we hold a newer one from it.
-    fn note_status(&mut self, now: Millis, from: Key, status: Status) {
+    fn note_status(
+        &mut self,
+        now: Millis,
+        from: Key,
+        status: Status,
+        lists: Option<Arc<StatusLists>>,
+    ) {
         let p = self.peers.entry(from).or_default();
         if p.status
             .as_ref()
@@ -506,6 +526,11 @@ impl RoundMachine {
         {
             return;
         }
+        // The lists it sent now, or those it sent before while its status still commits to
+        // them (a phase change keeps them).
+        p.lists = lists
+            .or_else(|| p.lists.take())
+            .filter(|l| l.matches(&status));
         if status.phase == Phase::Training && status.role == NodeRole::Trainer {
             self.round_started.entry(status.round).or_insert(now);
             let keep = status.round.saturating_sub(2);
@@ -521,6 +546,30 @@ impl RoundMachine {
                 self.asking = None;
             }
         }
+    }
+
+    /// Asks `peers` for their statuses with the lists they commit to; with `wait`, the stages
+    /// that need fresh statuses wait for the answers (at most [`LOOKUP_MS`]).
+    fn ask_lists(&mut self, now: Millis, peers: Vec<Key>, wait: bool) {
+        if peers.is_empty() {
+            return;
+        }
+        if wait {
+            let waiting = match self.asking.take() {
+                Some((mut w, until)) if now < until => {
+                    w.extend(peers.iter().copied());
+                    w
+                }
+                _ => peers.iter().copied().collect(),
+            };
+            self.asking = Some((waiting, now + LOOKUP_MS));
+        }
+        self.out.push(Output::AskLists(peers));
+    }
+
+    /// The lists a peer's current status commits to, when it sent them.
+    fn lists_of(&self, k: &Key) -> Option<&Arc<StatusLists>> {
+        self.peers.get(k)?.lists.as_ref()
     }
 
     /// Asks every connected peer for its status; the stages that need fresh statuses wait for

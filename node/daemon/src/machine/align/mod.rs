@@ -8,6 +8,7 @@ use super::reducer::RoundSlices;
 use super::rules::{Candidate, Claim, Held, candidates, group_claims, replay_round};
 use super::*;
 use nightshift_protocol::VerifyError;
+use nightshift_protocol::message::formed_root;
 use nightshift_protocol::slices::SliceError;
 
 mod replay_sliced;
@@ -26,13 +27,27 @@ pub(super) struct Verifying {
 /// One claim being verified.
 #[derive(Debug)]
 enum Attempt {
+    /// Waiting for a holder to send the list of contributions the claim commits to (asked
+    /// again of the claim's holders every [`LISTS_RETRY_MS`]).
+    Lists {
+        claim: Claim,
+        fork: bool,
+        asked_at: Millis,
+        until: Millis,
+    },
     Replay(Replay),
-    Download { claim: Claim, until: Millis },
+    Download {
+        claim: Claim,
+        until: Millis,
+    },
 }
 
 #[derive(Debug)]
 struct Replay {
     claim: Claim,
+    /// The contributions the claim names (its list, sent by a holder and checked against its
+    /// root), in key order.
+    ids: Vec<ContributionId>,
     fork: bool,
     base: Arc<StateSnapshot>,
     base_hash: Hash32,
@@ -91,7 +106,7 @@ impl RoundMachine {
         group_claims(self.peers.iter().filter_map(|(k, p)| {
             let s = p.status.as_ref()?;
             (p.connected && (s.phase != Phase::Done || s.round == r || s.round == r + 1))
-                .then_some((*k, s))
+                .then_some((*k, s, p.lists.as_deref()))
         }))
     }
 
@@ -101,6 +116,57 @@ impl RoundMachine {
             return;
         };
         match &mut v.current {
+            Some(Attempt::Lists {
+                claim,
+                fork,
+                asked_at,
+                until,
+            }) => {
+                let (claim, fork, until) = (claim.clone(), *fork, *until);
+                let again = now >= *asked_at + LISTS_RETRY_MS;
+                if again {
+                    *asked_at = now;
+                }
+                let same = |c: &Claim| {
+                    c.round == claim.round
+                        && c.hash == claim.hash
+                        && c.formed_root == claim.formed_root
+                };
+                let claims = self.claims();
+                let listed = claims
+                    .iter()
+                    .find(|c| same(c) && c.formed_by.is_some())
+                    .cloned();
+                if listed.is_none() && again {
+                    // An answer lost, or a holder that moved on: ask whoever holds it now.
+                    let mut from: Vec<Key> = claims
+                        .iter()
+                        .filter(|c| same(c))
+                        .flat_map(|c| c.holders.clone())
+                        .collect();
+                    from.truncate(rules::MAX_HOLDERS_ASKED);
+                    self.ask_lists(now, from, false);
+                }
+                match listed {
+                    Some(c) if !self.cfg.recipe.plausible(&c) => {
+                        self.attempt_failed(now, "its list names non-members".into(), true);
+                    }
+                    Some(c) => match self.start_listed_replay(now, c, fork) {
+                        Some(attempt) => {
+                            if let Stage::Verifying(v) = &mut self.stage {
+                                v.current = Some(attempt);
+                            }
+                            self.try_replay(now);
+                        }
+                        None => self.attempt_failed(now, "its base is gone".into(), false),
+                    },
+                    None if now >= until => {
+                        self.attempt_failed(now, "no holder sent its list".into(), false);
+                    }
+                    None => {}
+                }
+                return;
+            }
             Some(Attempt::Replay(rp)) => {
                 // Holders that do not answer in time are passed over for the next.
                 let mut ask = vec![];
@@ -160,17 +226,12 @@ impl RoundMachine {
         };
         for cand in list {
             let attempt = match cand {
-                Candidate::Fork(claim) => match self.prev.clone() {
-                    Some((b, h)) if b.round + 1 == claim.round => {
-                        self.start_replay(now, claim, true, b, h)
-                    }
-                    _ => continue,
-                },
-                Candidate::Ahead(claim) => {
-                    let (b, h) = (self.state.clone(), self.hash);
-                    self.start_replay(now, claim, false, b, h)
-                }
-                Candidate::Attested(claim) => self.start_download(now, claim),
+                Candidate::Fork(claim) => self.start_claim_replay(now, claim, true),
+                Candidate::Ahead(claim) => self.start_claim_replay(now, claim, false),
+                Candidate::Attested(claim) => Some(self.start_download(now, claim)),
+            };
+            let Some(attempt) = attempt else {
+                continue;
             };
             if self.phase != Phase::Syncing {
                 self.announce(Phase::Syncing);
@@ -192,10 +253,50 @@ impl RoundMachine {
         }
     }
 
+    /// Replays `claim` (from the state before ours when it is a `fork`), once a holder has sent
+    /// the list of contributions it commits to: asked for first when none has.
+    /// `None`: a fork whose base we no longer hold.
+    fn start_claim_replay(&mut self, now: Millis, claim: Claim, fork: bool) -> Option<Attempt> {
+        if fork
+            && !self
+                .prev
+                .as_ref()
+                .is_some_and(|(b, _)| b.round + 1 == claim.round)
+        {
+            return None;
+        }
+        if claim.formed_by.is_some() {
+            return self.start_listed_replay(now, claim, fork);
+        }
+        let mut from = claim.holders.clone();
+        from.truncate(rules::MAX_HOLDERS_ASKED);
+        self.ask_lists(now, from, false);
+        Some(Attempt::Lists {
+            claim,
+            fork,
+            asked_at: now,
+            until: now + REPLAY_FETCH_MS,
+        })
+    }
+
+    /// Replays `claim`, whose list a holder has sent, from its base (`None`: the base is gone).
+    fn start_listed_replay(&mut self, now: Millis, claim: Claim, fork: bool) -> Option<Attempt> {
+        let (base, base_hash) = if fork {
+            self.prev
+                .clone()
+                .filter(|(b, _)| b.round + 1 == claim.round)?
+        } else {
+            (self.state.clone(), self.hash)
+        };
+        let ids = claim.formed_by.clone()?;
+        Some(self.start_replay(now, claim, ids, fork, base, base_hash))
+    }
+
     fn start_replay(
         &mut self,
         now: Millis,
         claim: Claim,
+        ids: Vec<ContributionId>,
         fork: bool,
         base: Arc<StateSnapshot>,
         base_hash: Hash32,
@@ -203,7 +304,7 @@ impl RoundMachine {
         let round = base.round;
         let mut have = BTreeMap::new();
         let mut asking = BTreeMap::new();
-        for id in &claim.formed_by {
+        for id in &ids {
             // One we hold, or one pushed to us early (the very one the claim names; the replay
             // verifies it like any other).
             let known = self.held_as(round, id).or_else(|| {
@@ -231,6 +332,7 @@ impl RoundMachine {
         }
         Attempt::Replay(Replay {
             claim,
+            ids,
             fork,
             base,
             base_hash,
@@ -267,7 +369,7 @@ impl RoundMachine {
             }) => {
                 env.header.round == rp.base.round
                     && rp.asking.contains_key(&env.header.sender)
-                    && rp.claim.formed_by.contains(&ContributionId::of(&env))
+                    && rp.ids.contains(&ContributionId::of(&env))
             }
             _ => false,
         };
@@ -359,8 +461,7 @@ impl RoundMachine {
             return self.replay_sliced(now, slicing);
         }
         let envs: Vec<Arc<SignedEnvelope>> = rp
-            .claim
-            .formed_by
+            .ids
             .iter()
             .filter_map(|id| rp.have.get(&id.sender).cloned())
             .collect();
@@ -426,6 +527,7 @@ impl RoundMachine {
             return;
         };
         let claim = match v.current.take() {
+            Some(Attempt::Lists { claim, .. }) => claim,
             Some(Attempt::Replay(rp)) => rp.claim,
             Some(Attempt::Download { claim, .. }) => claim,
             None => return,
@@ -453,12 +555,11 @@ impl RoundMachine {
         else {
             return;
         };
-        let mut formed = state.formed_by.clone();
-        formed.sort_unstable();
         let hash = state.hash();
         let fits = state.round == claim.round
             && hash == claim.hash
-            && formed == claim.formed_by
+            && state.formed_by.len() == claim.formed
+            && formed_root(&state.formed_by) == claim.formed_root
             && state.params.len() == self.cfg.recipe.num_params
             && state.momentum.len() == state.params.len();
         if !fits {

@@ -12,7 +12,7 @@ fn a_node_waits_for_its_peers_then_trains() {
         0,
         Input::Status {
             from: pk(2),
-            status: status(0, h, Phase::Ready, 0),
+            status: status(0, h, Phase::Ready, 0).wire(),
         },
     );
     assert!(train_of(&outs).is_none());
@@ -22,7 +22,7 @@ fn a_node_waits_for_its_peers_then_trains() {
         0,
         Input::Status {
             from: pk(3),
-            status: status(0, h, Phase::Ready, 0),
+            status: status(0, h, Phase::Ready, 0).wire(),
         },
     );
     // It looks at its peers once more before training.
@@ -37,12 +37,12 @@ fn a_closed_window_pauses_and_an_open_one_resumes() {
     let outs = m.handle(10, Input::Window(false));
     assert!(train_of(&outs).is_none());
     assert_eq!(m.stage(), "paused");
-    assert_eq!(m.status().phase, Phase::Paused);
+    assert_eq!(m.status().0.phase, Phase::Paused);
     let outs = m.handle(5_000, Input::Window(true));
     // Back at once: peers count on it again before it has looked at them.
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Announce(s) if s.phase == Phase::Ready)),
+            .any(|o| matches!(o, Output::Announce(s, _) if s.phase == Phase::Ready)),
         "{outs:?}"
     );
     let more = answer_asks(&mut m, 5_000, &outs, |_| {
@@ -69,7 +69,7 @@ fn a_node_joins_the_round_under_way_for_the_time_left() {
             2_000,
             Input::Status {
                 from: *k,
-                status: status(0, g, Phase::Training, 2_000),
+                status: status(0, g, Phase::Training, 2_000).wire(),
             },
         );
     }
@@ -93,7 +93,7 @@ fn a_state_ahead_is_adopted_only_once_it_replays() {
     let g = m.hash();
     let a = contribution(2, 0, g, 0.2, 1);
     let next = formed_by_peer_two(g, &a);
-    let ahead = |hash: Hash32, at: Millis| Status {
+    let ahead = |hash: Hash32, at: Millis| St {
         formed_by: vec![ContributionId::of(&a)],
         ..status(1, hash, Phase::Ready, at)
     };
@@ -128,7 +128,7 @@ fn a_state_ahead_is_adopted_only_once_it_replays() {
         now,
         Input::Status {
             from: pk(2),
-            status: ahead(truth, now),
+            status: ahead(truth, now).wire(),
         },
     );
     let mut adopted = None;
@@ -170,7 +170,7 @@ fn an_unverified_better_state_holds_training_back_a_few_times() {
     let (mut m, _) = node(1);
     let g = m.hash();
     let a = contribution(2, 0, g, 0.2, 1);
-    let ahead = |at: Millis| Status {
+    let ahead = |at: Millis| St {
         formed_by: vec![ContributionId::of(&a)],
         ..status(1, Hash32::of(&[b"ahead"]), Phase::Ready, at)
     };
@@ -178,7 +178,7 @@ fn an_unverified_better_state_holds_training_back_a_few_times() {
         T0,
         Input::Status {
             from: pk(2),
-            status: ahead(T0),
+            status: ahead(T0).wire(),
         },
     );
     let mut now = T0;
@@ -238,7 +238,7 @@ fn a_fork_formed_by_more_contributions_replaces_ours_by_replay_from_the_state_be
     let (their_hash, formed) = formed_by_all(g, [&own, &a, &b]);
     assert_ne!(their_hash, ours.hash);
     // Both peers announce their θ(1): a fork of ours, preferred (three contributions to two).
-    let claim = |now: Millis| Status {
+    let claim = |now: Millis| St {
         formed_by: formed.clone(),
         ..status(1, their_hash, Phase::Ready, now)
     };
@@ -340,7 +340,7 @@ fn a_node_that_synced_without_speeds_looks_them_up_and_joins_the_round_late() {
     let g = m.hash();
     let a = contribution(2, 0, g, 0.2, 1);
     let truth = formed_by_peer_two(g, &a).hash();
-    let training = |at: Millis| Status {
+    let training = |at: Millis| St {
         formed_by: vec![ContributionId::of(&a)],
         ..status(1, truth, Phase::Training, at)
     };
@@ -349,13 +349,17 @@ fn a_node_that_synced_without_speeds_looks_them_up_and_joins_the_round_late() {
         now,
         Input::Status {
             from: pk(2),
-            status: training(now),
+            status: training(now).wire(),
         },
     );
     let mut all = vec![];
     for _ in 0..200 {
         let mut more = answer_asks(&mut m, now, &outs, |_| Some(training(now)));
-        if outs.iter().any(|o| matches!(o, Output::Fetch { .. })) {
+        if outs
+            .iter()
+            .chain(&more)
+            .any(|o| matches!(o, Output::Fetch { .. }))
+        {
             more.extend(m.handle(
                 now,
                 Input::Contribution {
@@ -457,7 +461,7 @@ fn after_its_last_round_a_node_waits_for_peers_still_collecting_it_and_adopts_th
     assert_eq!(m.stage(), "aligning");
     let (their_hash, formed) = formed_by_all(g, [&own, &a, &b]);
     assert_ne!(their_hash, ours.hash);
-    let claim = |now: Millis| Status {
+    let claim = |now: Millis| St {
         formed_by: formed.clone(),
         ..status(1, their_hash, Phase::Ready, now)
     };

@@ -130,7 +130,7 @@ fn duplicate_late_and_early_contributions() {
         matches!(notes(&outs)[..], [Note::Refused { .. }]),
         "{outs:?}"
     );
-    assert_eq!(m.status().holding.len(), 2);
+    assert_eq!(m.status().0.holding, 2);
     // One for an earlier round (a base we do not hold): refused quietly, not counted.
     let late = contribution(3, 0, Hash32::of(&[b"old"]), 0.3, 3);
     let outs = m.handle(
@@ -141,7 +141,7 @@ fn duplicate_late_and_early_contributions() {
         },
     );
     assert!(matches!(notes(&outs)[..], [Note::Refused { .. }]));
-    assert_eq!(m.status().holding.len(), 2);
+    assert_eq!(m.status().0.holding, 2);
     // One for the next round: kept for then, not counted now.
     let early = contribution(3, 1, Hash32::of(&[b"next"]), 0.3, 3);
     m.handle(
@@ -151,7 +151,7 @@ fn duplicate_late_and_early_contributions() {
             envelope: early,
         },
     );
-    assert_eq!(m.status().holding.len(), 2);
+    assert_eq!(m.status().0.holding, 2);
     assert_eq!(m.stash.len(), 1);
 }
 
@@ -212,7 +212,7 @@ fn peers_on_another_state_are_not_waited_for() {
         T0 + 1_150,
         Input::Status {
             from: pk(3),
-            status: status(0, other, Phase::Training, T0 + 1_150),
+            status: status(0, other, Phase::Training, T0 + 1_150).wire(),
         },
     );
     let (at, _, _) = run_until_new_state(&mut m, T0 + 1_200, T0 + 100_000, |k, now| {
@@ -241,7 +241,7 @@ fn contributions_that_came_before_training_count_or_are_refused_once_it_ends() {
     assert_eq!(m.stash.len(), 3);
     let outs = collecting(&mut m, &keys);
     // This round's counts, the next round's waits, the far one is refused.
-    assert_eq!(m.status().holding.len(), 2, "{outs:?}");
+    assert_eq!(m.status().0.holding, 2, "{outs:?}");
     assert_eq!(m.stash.len(), 1);
     assert!(
         matches!(notes(&outs)[..], [Note::Refused { round: 0, reason, .. }] if reason.contains("round 7")),
@@ -261,7 +261,7 @@ fn a_peer_that_dies_during_the_round_is_still_expected_in_it() {
             T0 + 10,
             Input::Status {
                 from: *k,
-                status: status(0, h, Phase::Training, T0 + 10),
+                status: status(0, h, Phase::Training, T0 + 10).wire(),
             },
         );
     }
@@ -298,7 +298,7 @@ fn a_peer_whose_last_status_we_missed_is_looked_at_again_instead_of_waited_for()
         T0 + 1_150,
         Input::Status {
             from: pk(3),
-            status: status(0, g, Phase::Ready, T0 + 1_150),
+            status: status(0, g, Phase::Ready, T0 + 1_150).wire(),
         },
     );
     let (at, n, _) = run_until_new_state(&mut m, T0 + 1_200, T0 + 200_000, |k, now| {
