@@ -82,6 +82,15 @@ impl RoundMachine {
             self.begin_round(now);
             return;
         }
+        // A state of our round that the rules prefer to ours, which peers already train on (a
+        // late contribution counted there and not here): our round's work would only fork the
+        // swarm, so the node replays that state instead, as its next alignment would.
+        if tick && self.preferred_fork_trained(r) {
+            self.out.push(Output::Note(Note::OnAFork { round: r }));
+            self.announce(Phase::Ready);
+            self.begin_round(now);
+            return;
+        }
         let Stage::Collecting(c) = &self.stage else {
             return;
         };
@@ -186,6 +195,32 @@ impl RoundMachine {
                 sender,
             });
         }
+    }
+
+    /// Whether peers train or collect round `r` on a state of that round the rules prefer to
+    /// ours, one we could replay (we hold the state before ours) and have not rejected.
+    fn preferred_fork_trained(&self, r: u64) -> bool {
+        let Some((prev, _)) = &self.prev else {
+            return false;
+        };
+        if prev.round + 1 != r {
+            return false;
+        }
+        let ours = (self.state.formed_by.len(), self.hash);
+        self.claims().iter().any(|c| {
+            c.round == r
+                && c.hash != self.hash
+                && rules::preferred((c.formed, c.hash), ours) == std::cmp::Ordering::Less
+                && self.cfg.recipe.plausible(c)
+                && !self.rejected.skips(c)
+                && c.holders.iter().any(|h| {
+                    self.peers.get(h).is_some_and(|p| {
+                        p.status
+                            .as_ref()
+                            .is_some_and(|s| matches!(s.phase, Phase::Training | Phase::Collecting))
+                    })
+                })
+        })
     }
 
     /// A fetch for this round had nothing: that holder is not asked for it again.

@@ -270,6 +270,11 @@ pub enum Note {
     Behind {
         round: u64,
     },
+    /// Peers hold a state of our round that the rules prefer to ours, and they train on it:
+    /// this round is abandoned to replay it.
+    OnAFork {
+        round: u64,
+    },
     /// Joined the round under way for the time it has left.
     JoinedLate {
         round: u64,

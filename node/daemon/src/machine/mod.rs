@@ -59,6 +59,9 @@ pub type Millis = u64;
 
 /// How long a node waits for peers still finishing the previous round before it starts the next.
 pub const ALIGN_WAIT_MS: Millis = 10_000;
+/// How much longer a node waits for a peer still collecting the previous round that holds more
+/// of its contributions than formed the node's state.
+pub const RICHER_WAIT_MS: Millis = 20_000;
 /// How long a status look-up may take.
 pub const LOOKUP_MS: Millis = 5_000;
 /// How long one contribution fetch may take before the next holder is asked.

@@ -62,18 +62,30 @@ struct Replay {
 
 impl RoundMachine {
     /// While peers still train or collect the previous round, wait for them (they may form a
-    /// state we prefer), at most until `until`; a window that closes ends the wait (unless this
-    /// is the look after the last round, `finish`, which trains no more).
+    /// state we prefer), at most until `until` — or [`RICHER_WAIT_MS`] longer while one of them
+    /// holds more of that round's contributions than formed our state (its state will be
+    /// preferred to ours); a window that closes ends the wait (unless this is the look after
+    /// the last round, `finish`, which trains no more).
     pub(super) fn align_wait(&mut self, now: Millis, until: Millis, finish: bool) {
         let available = self.available || finish;
         if available && self.refreshing() && now < until {
             return;
         }
         let r = self.state.round;
-        let lagging = self
-            .trainer_peers()
-            .filter(|(_, s)| s.round < r && matches!(s.phase, Phase::Training | Phase::Collecting))
-            .count();
+        let ours = self.state.formed_by.len();
+        let mut lagging = 0;
+        let mut richer = false;
+        for (_, s) in self.trainer_peers() {
+            if s.round < r && matches!(s.phase, Phase::Training | Phase::Collecting) {
+                lagging += 1;
+                richer |= s.round + 1 == r && s.holding as usize > ours;
+            }
+        }
+        let until = if richer {
+            until + RICHER_WAIT_MS
+        } else {
+            until
+        };
         if lagging == 0 || now >= until || !available {
             if finish && !self.final_look {
                 // The look after the last round, which no next round repairs: on fresh
@@ -246,8 +258,13 @@ impl RoundMachine {
         if self.phase == Phase::Syncing {
             self.announce(Phase::Ready);
         }
-        if then_finish || self.done() {
+        if then_finish || (self.done() && (!self.trained_any || self.final_look)) {
             self.finish("finished");
+        } else if self.done() {
+            // Reached the last round by a replay: the look after it waits for the peers still
+            // finishing that round, as after a round of its own (a state they form may be
+            // preferred, and no next round repairs the last one).
+            self.begin_round(now);
         } else {
             self.after_align(now);
         }
