@@ -602,6 +602,18 @@ impl World {
             .collect()
     }
 
+    /// What `encoded` bytes, of which `values` are values of the model, weigh on the wire with
+    /// `--wire-params`.
+    pub(super) fn weigh(&self, encoded: u64, values: u64) -> u64 {
+        match self.args.wire_params {
+            Some(p) if self.args.params > 0 => {
+                let scale = p as f64 / self.args.params as f64;
+                encoded - values.min(encoded) + (values as f64 * scale).round() as u64
+            }
+            _ => encoded,
+        }
+    }
+
     /// Per node: bytes sent while holding θ(r) that were statuses.
     pub fn status_bytes(&self, r: u64) -> Vec<u64> {
         self.nodes

@@ -142,7 +142,10 @@ impl World {
             Req::Contribution { round, sender } => {
                 match self.nodes[b].served.get(&(*round, *sender)).cloned() {
                     Some(envelope) => (
-                        envelope.payload.len() as u64 + ENVELOPE_BYTES,
+                        self.weigh(
+                            envelope.payload.len() as u64 + ENVELOPE_BYTES,
+                            contribution_values(&envelope),
+                        ),
                         Input::Contribution { from, envelope },
                     ),
                     None => (
@@ -158,7 +161,10 @@ impl World {
             Req::Slice { round, id, index } => {
                 match self.nodes[b].slices.get(&(*round, *id, *index)).cloned() {
                     Some(slice) => (
-                        wire::encode(&*slice).len() as u64,
+                        self.weigh(
+                            wire::encode(&*slice).len() as u64,
+                            slice.body.body.len() as u64,
+                        ),
                         Input::Slice { from, slice },
                     ),
                     None => (16, self.failed_answer(b, &req)),
@@ -167,7 +173,10 @@ impl World {
             Req::Reduced { round, index } => {
                 match self.nodes[b].reduced.get(&(*round, *index)).cloned() {
                     Some(reduced) => (
-                        wire::encode(&*reduced).len() as u64,
+                        self.weigh(
+                            wire::encode(&*reduced).len() as u64,
+                            reduced_values(&reduced),
+                        ),
                         Input::Reduced { from, reduced },
                     ),
                     None => (16, self.failed_answer(b, &req)),
@@ -177,7 +186,10 @@ impl World {
                 let n = &self.nodes[b];
                 if n.checkpoint_hash == *hash && n.checkpoint.round == *round {
                     let state = n.checkpoint.clone();
-                    let bytes = (state.params.len() * 8) as u64 + 64;
+                    let bytes = self.weigh(
+                        (state.params.len() * 8) as u64 + 64,
+                        (state.params.len() * 8) as u64,
+                    );
                     (bytes, Input::State { from, state, bytes })
                 } else {
                     (16, Input::StateFailed { hash: *hash })
@@ -186,4 +198,28 @@ impl World {
         };
         self.respond(b, a, bytes, input, &req);
     }
+}
+
+/// The bytes of a whole contribution's encoded values (0 for a sliced contribution's header).
+pub(super) fn contribution_values(env: &SignedEnvelope) -> u64 {
+    if env.header.kind != nightshift_protocol::PayloadKind::Contribution {
+        return 0;
+    }
+    wire::decode::<nightshift_protocol::Contribution>(&env.payload, env.payload.len() + 64)
+        .map_or(0, |c| c.delta.body.len() as u64)
+}
+
+/// The bytes of a reduced slice's encoded mean, in each of its signed copies.
+pub(super) fn reduced_values(r: &Reduced) -> u64 {
+    r.signed
+        .iter()
+        .filter_map(|e| {
+            wire::decode::<nightshift_protocol::slices::ReducedSlice>(
+                &e.payload,
+                e.payload.len() + 64,
+            )
+            .ok()
+        })
+        .map(|s| s.mean.body.len() as u64)
+        .sum()
 }

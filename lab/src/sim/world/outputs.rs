@@ -72,7 +72,10 @@ impl World {
             Output::Push { to, envelope } => {
                 self.contributions += 1;
                 self.contribution_bytes += envelope.payload.len() as u64;
-                let bytes = envelope.payload.len() as u64 + ENVELOPE_BYTES;
+                let bytes = self.weigh(
+                    envelope.payload.len() as u64 + ENVELOPE_BYTES,
+                    net::contribution_values(&envelope),
+                );
                 let from = self.nodes[i].key;
                 for k in to {
                     if let Some(&j) = self.index.get(&k) {
@@ -117,7 +120,10 @@ impl World {
                 }
             }
             Output::SendReduced { to, reduced } => {
-                let bytes = wire::encode(&*reduced).len() as u64;
+                let bytes = self.weigh(
+                    wire::encode(&*reduced).len() as u64,
+                    net::reduced_values(&reduced),
+                );
                 let from = self.nodes[i].key;
                 for k in to {
                     if let Some(&j) = self.index.get(&k) {

@@ -480,3 +480,126 @@ fn after_its_last_round_a_node_waits_for_peers_still_collecting_it_and_adopts_th
     assert!(finished, "the node did not finish after its last look");
     assert_eq!((m.round(), m.hash()), (1, their_hash));
 }
+
+#[test]
+fn a_claim_is_replayed_only_from_a_list_that_checks_and_passed_over_when_none_comes() {
+    let (mut m, _) = node(1);
+    let g = m.hash();
+    let a = contribution(2, 0, g, 0.2, 1);
+    let next = formed_by_peer_two(g, &a);
+    let claim = |at: Millis| St {
+        formed_by: vec![ContributionId::of(&a)],
+        ..status(1, next.hash(), Phase::Ready, at)
+    };
+    // Peer 2 announces θ(1) (an announcement carries no lists) and answers every look-up with
+    // its status alone: the node asks it for the list again and again, fetches nothing, and
+    // passes the claim over in the end.
+    let mut now = T0;
+    let mut all = m.handle(
+        now,
+        Input::Status {
+            from: pk(2),
+            status: claim(now).wire(),
+        },
+    );
+    let mut asked_lists = 0;
+    while now < T0 + REPLAY_FETCH_MS + 2_000 {
+        now += 100;
+        let outs = m.handle(now, Input::Tick);
+        for o in all.iter().chain(&outs) {
+            match o {
+                Output::AskStatuses(peers) | Output::AskLists(peers) => {
+                    asked_lists += usize::from(matches!(o, Output::AskLists(_)));
+                    for p in peers {
+                        m.handle(
+                            now,
+                            Input::StatusAnswer {
+                                from: *p,
+                                status: Some(claim(now).wire()),
+                                lists: None,
+                            },
+                        );
+                    }
+                }
+                Output::Fetch { .. } => panic!("fetched without a list: {o:?}"),
+                _ => {}
+            }
+        }
+        all = outs;
+        if notes(&all)
+            .iter()
+            .any(|n| matches!(n, Note::Rejected { .. }))
+        {
+            break;
+        }
+    }
+    assert!(asked_lists >= 2, "asked {asked_lists} times");
+    assert!(
+        notes(&all).iter().any(
+            |n| matches!(n, Note::Rejected { reason, .. } if reason.contains("no holder sent"))
+        ),
+        "{all:?}"
+    );
+    assert_eq!(m.round(), 0);
+
+    // Another node: lists that are not the ones the status commits to are dropped; the true
+    // ones start the replay (a fetch of the contribution they name), which adopts θ(1).
+    let (mut m, _) = node(1);
+    let now = T0;
+    let outs = m.handle(
+        now,
+        Input::Status {
+            from: pk(2),
+            status: claim(now).wire(),
+        },
+    );
+    let outs = [outs, m.handle(now + 10, Input::Tick)].concat();
+    assert!(
+        outs.iter().any(|o| matches!(o, Output::AskLists(_))),
+        "{outs:?}"
+    );
+    let other = contribution(2, 0, g, 0.9, 1);
+    let forged = Arc::new(StatusLists {
+        formed_by: vec![ContributionId::of(&other)],
+        holding: vec![],
+    });
+    let outs = m.handle(
+        now + 20,
+        Input::StatusAnswer {
+            from: pk(2),
+            status: Some(claim(now + 20).wire()),
+            lists: Some(forged),
+        },
+    );
+    let outs = [outs, m.handle(now + 30, Input::Tick)].concat();
+    assert!(
+        !outs.iter().any(|o| matches!(o, Output::Fetch { .. })),
+        "{outs:?}"
+    );
+    let outs = m.handle(
+        now + 40,
+        Input::StatusAnswer {
+            from: pk(2),
+            status: Some(claim(now + 40).wire()),
+            lists: Some(claim(now + 40).lists()),
+        },
+    );
+    let outs = [outs, m.handle(now + 50, Input::Tick)].concat();
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Fetch { sender, .. } if *sender == pk(2))),
+        "{outs:?}"
+    );
+    let outs = m.handle(
+        now + 60,
+        Input::Contribution {
+            from: pk(2),
+            envelope: a.clone(),
+        },
+    );
+    assert_eq!(
+        new_state(&outs).map(|n| n.hash),
+        Some(next.hash()),
+        "{outs:?}"
+    );
+}

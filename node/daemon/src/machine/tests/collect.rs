@@ -317,3 +317,60 @@ fn a_peer_whose_last_status_we_missed_is_looked_at_again_instead_of_waited_for()
     let How::Stepped(s) = &n.how else { panic!() };
     assert_eq!(s.contributors, 2);
 }
+
+#[test]
+fn only_peers_whose_sets_differ_from_ours_are_asked_for_their_lists() {
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    let outs = collecting(&mut m, &keys);
+    let (_, _, b) = own_and_two_more(&mut m, &outs, g);
+    m.handle(
+        T0 + 1_200,
+        Input::Contribution {
+            from: pk(3),
+            envelope: b,
+        },
+    );
+    let same = vec![m.key(), pk(2), pk(3)];
+    let more = [same.clone(), vec![pk(9)]].concat();
+    // Peer 2 holds what we hold; peer 3 also holds peer 9's (9 is not connected to us).
+    let answer = |k: &Key, now: Millis| {
+        let holding = if *k == pk(3) {
+            more.clone()
+        } else {
+            same.clone()
+        };
+        Some(status(0, g, Phase::Collecting, now).with_holding(holding))
+    };
+    let mut now = T0 + 1_100;
+    let mut asked: Vec<Key> = vec![];
+    let mut fetched = None;
+    let mut pending = vec![];
+    for _ in 0..40 {
+        now += CONFIRM_MS;
+        let mut outs = answer_asks(&mut m, now, &pending, |k| answer(k, now));
+        outs.extend(m.handle(now, Input::Tick));
+        for o in pending.iter().chain(&outs) {
+            if let Output::AskLists(peers) = o {
+                asked.extend(peers);
+            }
+        }
+        if let Some(f) = outs.iter().find_map(|o| match o {
+            Output::Fetch { from, sender, .. } if *sender == pk(9) => Some(*from),
+            _ => None,
+        }) {
+            fetched = Some(f);
+            break;
+        }
+        pending = outs;
+    }
+    assert!(
+        !asked.is_empty() && asked.iter().all(|k| *k == pk(3)),
+        "{asked:?}"
+    );
+    assert_eq!(
+        fetched,
+        Some(pk(3)),
+        "fetched from the peer whose list names it"
+    );
+}
