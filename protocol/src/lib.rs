@@ -19,6 +19,7 @@ pub mod manifest;
 pub mod message;
 pub mod signed;
 pub mod slices;
+pub mod status;
 pub mod wire;
 
 pub use delta::{DeltaCodec, DeltaError, EncodedDelta};

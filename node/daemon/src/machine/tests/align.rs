@@ -261,7 +261,7 @@ fn a_fork_formed_by_more_contributions_replaces_ours_by_replay_from_the_state_be
 
 #[test]
 fn the_budget_follows_the_median_node_not_the_slowest() {
-    use crate::machine::align::round_budget;
+    use crate::machine::align::after::round_budget;
     // Three nodes at 1000 tokens/s and one at 100: the slow one must not set the pace.
     assert_eq!(
         round_budget(vec![1000.0, 100.0, 1000.0, 1000.0], 10_000.0),

@@ -177,10 +177,7 @@ fn reconciling_fetches_what_a_peer_holds_and_we_lack() {
             Some(status(0, g, Phase::Collecting, now).with_holding(vec![pk(2), pk(9)]))
         });
         outs.extend(m.handle(now, Input::Tick));
-        if let Some(f) = outs.iter().find_map(|o| match o {
-            Output::Fetch { from, sender, .. } if *sender == pk(9) => Some(*from),
-            _ => None,
-        }) {
+        if let Some(f) = fetched_from(&outs, pk(9)) {
             fetched = Some(f);
             break;
         }
@@ -355,10 +352,7 @@ fn only_peers_whose_sets_differ_from_ours_are_asked_for_their_lists() {
                 asked.extend(peers);
             }
         }
-        if let Some(f) = outs.iter().find_map(|o| match o {
-            Output::Fetch { from, sender, .. } if *sender == pk(9) => Some(*from),
-            _ => None,
-        }) {
+        if let Some(f) = fetched_from(&outs, pk(9)) {
             fetched = Some(f);
             break;
         }

@@ -259,6 +259,16 @@ fn train_of(outs: &[Output]) -> Option<(u64, Option<Millis>)> {
     })
 }
 
+/// The peer asked for `sender`'s contribution in `outs`, if any.
+fn fetched_from(outs: &[Output], sender: Key) -> Option<Key> {
+    outs.iter().find_map(|o| match o {
+        Output::Fetch {
+            from, sender: s, ..
+        } if *s == sender => Some(*from),
+        _ => None,
+    })
+}
+
 fn new_state(outs: &[Output]) -> Option<&NewState> {
     outs.iter().find_map(|o| match o {
         Output::NewState(n) => Some(n),
