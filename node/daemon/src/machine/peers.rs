@@ -19,11 +19,25 @@ impl RoundMachine {
         {
             return;
         }
-        // The lists it sent now, or those it sent before while its status still commits to
-        // them (a phase change keeps them).
-        p.lists = lists
-            .or_else(|| p.lists.take())
-            .filter(|l| l.matches(&status));
+        // The lists it sent now once they check against the status (hashed once, here), or
+        // those it sent before while its status still commits to the same ones (a phase change
+        // keeps them).
+        let same = |old: &Status| {
+            (old.formed, old.formed_root, old.holding, old.holding_root)
+                == (
+                    status.formed,
+                    status.formed_root,
+                    status.holding,
+                    status.holding_root,
+                )
+        };
+        p.lists = match lists {
+            Some(l) => Some(l).filter(|l| l.matches(&status)),
+            None => p
+                .lists
+                .take()
+                .filter(|_| p.status.as_ref().is_some_and(same)),
+        };
         if status.phase == Phase::Training && status.role == NodeRole::Trainer {
             self.round_started.entry(status.round).or_insert(now);
             let keep = status.round.saturating_sub(2);

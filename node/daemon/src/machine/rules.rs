@@ -223,14 +223,15 @@ pub struct Claim {
 }
 
 /// Groups verified statuses, each with the key of the peer that signed it and the lists it sent
-/// (if any), into claims (one per round, hash and contribution set). Lists that are not the ones
-/// their status commits to are ignored.
+/// (if any, already checked against the status: [`StatusLists::matches`]), into claims (one per
+/// round, hash and contribution set).
 pub fn group_claims<'a>(
     statuses: impl IntoIterator<Item = (Key, &'a Status, Option<&'a StatusLists>)>,
 ) -> Vec<Claim> {
     let mut out: Vec<Claim> = vec![];
     for (signer, s, lists) in statuses {
-        let listed = lists.filter(|l| l.matches(s)).map(|l| {
+        debug_assert!(lists.is_none_or(|l| l.matches(s)), "lists checked first");
+        let listed = lists.map(|l| {
             let mut formed = l.formed_by.clone();
             formed.sort_unstable();
             formed
