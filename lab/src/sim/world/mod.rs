@@ -7,9 +7,7 @@ use nightshift_node::machine::{
     Config, How, Input, Key, Millis, Output, Reduced, RoundMachine, Start, Trained,
 };
 use nightshift_protocol::slices::Slice;
-use nightshift_protocol::{
-    ContributionId, Hash32, SignedEnvelope, StateSnapshot, Status, StatusLists, wire,
-};
+use nightshift_protocol::{ContributionId, Hash32, SignedEnvelope, StateSnapshot, Status, wire};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -59,7 +57,7 @@ struct Node {
     step_ms: f64,
     /// Tokens per second of its last training (what its window record says).
     speed: Option<f64>,
-    served_status: Option<(Status, Arc<StatusLists>)>,
+    served_status: Option<Status>,
     served: BTreeMap<(u64, Key), Arc<SignedEnvelope>>,
     /// Slices served (round, sender, index) and reduced slices (round, index).
     slices: BTreeMap<(u64, ContributionId, u32), Arc<Slice>>,
@@ -117,8 +115,6 @@ enum Ev {
 
 enum Req {
     Status,
-    /// A status with the lists it commits to.
-    Lists,
     Contribution {
         round: u64,
         sender: Key,
@@ -526,7 +522,7 @@ impl World {
                 Input::Tick
                     | Input::Status { .. }
                     | Input::Speed { .. }
-                    | Input::StatusAnswer { lists: None, .. }
+                    | Input::StatusAnswer { .. }
             )
         {
             let short = match &input {
@@ -546,19 +542,6 @@ impl World {
                     hex::encode(&from[..3]),
                     hex::encode(&id.sender[..3]),
                     id.digest.short()
-                ),
-                Input::StatusAnswer {
-                    from,
-                    status: Some(s),
-                    lists: Some(l),
-                } => format!(
-                    "lists from {} r{} {} {:?} formed {} holding {}",
-                    hex::encode(&from[..3]),
-                    s.round,
-                    s.state_hash.short(),
-                    s.phase,
-                    l.formed_by.len(),
-                    l.holding.len()
                 ),
                 other => format!("{other:?}").chars().take(150).collect(),
             };
@@ -600,18 +583,6 @@ impl World {
             .filter(|n| !n.bootstrap)
             .filter_map(|n| n.held.get(&r))
             .collect()
-    }
-
-    /// What `encoded` bytes, of which `values` are values of the model, weigh on the wire with
-    /// `--wire-params`.
-    pub(super) fn weigh(&self, encoded: u64, values: u64) -> u64 {
-        match self.args.wire_params {
-            Some(p) if self.args.params > 0 => {
-                let scale = p as f64 / self.args.params as f64;
-                encoded - values.min(encoded) + (values as f64 * scale).round() as u64
-            }
-            _ => encoded,
-        }
     }
 
     /// Per node: bytes sent while holding θ(r) that were statuses.

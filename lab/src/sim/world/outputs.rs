@@ -7,9 +7,9 @@ impl World {
     pub(super) fn carry_out(&mut self, i: usize, o: Output) {
         let now = self.now;
         match o {
-            Output::Announce(mut s, lists) => {
+            Output::Announce(mut s) => {
                 s.unix_ms = now;
-                self.nodes[i].served_status = Some((s.clone(), lists));
+                self.nodes[i].served_status = Some(s.clone());
                 let bytes = wire::encode(&s).len() as u64 + ENVELOPE_BYTES;
                 let from = self.nodes[i].key;
                 for j in self.connected_neighbours(i) {
@@ -24,12 +24,12 @@ impl World {
                     );
                 }
             }
-            Output::Serve(mut s, lists) => {
+            Output::Serve(mut s) => {
                 s.unix_ms = now;
-                self.nodes[i].served_status = Some((s, lists));
+                self.nodes[i].served_status = Some(s);
             }
             Output::Greet(k) => {
-                if let (Some(&j), Some((s, _))) =
+                if let (Some(&j), Some(s)) =
                     (self.index.get(&k), self.nodes[i].served_status.clone())
                 {
                     let bytes = wire::encode(&s).len() as u64 + ENVELOPE_BYTES;
@@ -41,13 +41,6 @@ impl World {
                 for k in peers {
                     if let Some(&j) = self.index.get(&k) {
                         self.request(i, j, Req::Status);
-                    }
-                }
-            }
-            Output::AskLists(peers) => {
-                for k in peers {
-                    if let Some(&j) = self.index.get(&k) {
-                        self.request(i, j, Req::Lists);
                     }
                 }
             }
@@ -72,10 +65,7 @@ impl World {
             Output::Push { to, envelope } => {
                 self.contributions += 1;
                 self.contribution_bytes += envelope.payload.len() as u64;
-                let bytes = self.weigh(
-                    envelope.payload.len() as u64 + ENVELOPE_BYTES,
-                    net::contribution_values(&envelope),
-                );
+                let bytes = envelope.payload.len() as u64 + ENVELOPE_BYTES;
                 let from = self.nodes[i].key;
                 for k in to {
                     if let Some(&j) = self.index.get(&k) {
@@ -120,10 +110,7 @@ impl World {
                 }
             }
             Output::SendReduced { to, reduced } => {
-                let bytes = self.weigh(
-                    wire::encode(&*reduced).len() as u64,
-                    net::reduced_values(&reduced),
-                );
+                let bytes = wire::encode(&*reduced).len() as u64;
                 let from = self.nodes[i].key;
                 for k in to {
                     if let Some(&j) = self.index.get(&k) {
