@@ -216,7 +216,7 @@ impl Follower {
                     // connected between its announcements.
                     if last_refresh.elapsed() >= Duration::from_secs(STATUS_REFRESH_SECS) {
                         let peers: Vec<_> = self.io.connected().copied().collect();
-                        self.io.ask_statuses(peers);
+                        self.io.ask_statuses(peers, false);
                         last_refresh = Instant::now();
                     }
                     vec![Input::Tick]

@@ -12,7 +12,7 @@ use nightshift_protocol::message::Phase;
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{
     Aggregator, Contribution, DeltaCodec, Hash32, NodeRole, PayloadKind, SignedEnvelope,
-    StateSnapshot, Status, delta, sign_status, wire,
+    StateSnapshot, Status, StatusLists, delta, sign_status, wire,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -56,8 +56,11 @@ pub struct ReplayRun {
     /// Median milliseconds of one replay (verify, decode, aggregate, outer step, hash).
     pub replay_ms_median: f64,
     pub replay_ms: Vec<f64>,
-    /// A signed status listing `contributors` senders in `formed_by` and in `holding`.
+    /// A signed status of a round of `contributors` contributions, holding as many.
     pub status_bytes: usize,
+    /// The lists it commits to (sent only when a peer asks).
+    #[serde(default)]
+    pub status_lists_bytes: usize,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -132,19 +135,25 @@ pub fn run_replay(a: ReplayArgs) -> anyhow::Result<ReplayReport> {
             })
             .collect();
         let contribution_bytes = wire::encode(&*envelopes[0]).len();
-        let status = Status {
-            role: NodeRole::Trainer,
-            phase: Phase::Collecting,
-            round: base.round,
-            state_hash: base_hash,
+        let lists = StatusLists {
             formed_by: envelopes
                 .iter()
                 .map(|e| nightshift_protocol::ContributionId::of(e))
                 .collect(),
             holding: keys.iter().map(|k| k.verifying_key().to_bytes()).collect(),
+        };
+        let status = Status {
             unix_ms: 1_800_000_000_000,
+            ..Status::summarizing(
+                NodeRole::Trainer,
+                Phase::Collecting,
+                base.round,
+                base_hash,
+                &lists,
+            )
         };
         let status_bytes = wire::encode(&sign_status(&keys[0], swarm_id, &status)).len();
+        let status_lists_bytes = wire::encode(&lists).len();
         for &aggregator in &a.aggregators {
             let recipe = Recipe {
                 swarm_id,
@@ -192,6 +201,7 @@ pub fn run_replay(a: ReplayArgs) -> anyhow::Result<ReplayReport> {
                 replay_ms_median: sorted[sorted.len() / 2],
                 replay_ms: times,
                 status_bytes,
+                status_lists_bytes,
             };
             println!(
                 "{:<7} {:>11} {:<12} {:>12} {:>11.1} {:>10}",

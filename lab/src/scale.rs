@@ -40,7 +40,9 @@ pub struct ScaleArgs {
     /// How the swarms average each round (`nightshift swarm init --averaging`).
     #[arg(long, default_value = "all-to-all")]
     pub averaging: Averaging,
-    /// Values of the simulator's stand-in model (default: as many as the preset has).
+    /// Values of the simulator's stand-in model (default: as many as the preset has). Past
+    /// 65,536 the stand-in computes on 65,536 values and its transfers are counted at this
+    /// width (`sim --wire-params`), so that a thousand nodes fit in memory.
     #[arg(long)]
     pub sim_params: Option<usize>,
     /// Peers each simulated node dials (default: the simulator's; every other node when the
@@ -160,6 +162,9 @@ async fn run_processes(a: &ScaleArgs, n: usize, dir: &Path) -> anyhow::Result<Sc
     })
 }
 
+/// Values the simulator's stand-in computes on at most (wider models are counted on the wire).
+const SIM_COMPUTE_PARAMS: usize = 65_536;
+
 /// The simulator at `n` nodes, its stand-in model as wide as the preset (so that contributions
 /// weigh what the processes' do), its defaults otherwise.
 fn run_sim(a: &ScaleArgs, n: usize, params: usize) -> anyhow::Result<ScaleRun> {
@@ -173,10 +178,12 @@ fn run_sim(a: &ScaleArgs, n: usize, params: usize) -> anyhow::Result<ScaleRun> {
     } else {
         default_degree
     });
+    let width = a.sim_params.unwrap_or(params);
     let r = simulate(&SimArgs {
         nodes: n,
         rounds: a.rounds,
-        params: a.sim_params.unwrap_or(params),
+        params: width.min(SIM_COMPUTE_PARAMS),
+        wire_params: (width > SIM_COMPUTE_PARAMS).then_some(width),
         degree,
         reduce,
         ..SimArgs::default()

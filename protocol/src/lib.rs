@@ -19,6 +19,7 @@ pub mod manifest;
 pub mod message;
 pub mod signed;
 pub mod slices;
+pub mod status;
 pub mod wire;
 
 pub use delta::{DeltaCodec, DeltaError, EncodedDelta};
@@ -29,7 +30,8 @@ pub use manifest::{
 };
 pub use message::{
     Contribution, ContributionId, MAX_EXPECTED, NodeRole, Request, Response, StateChunk,
-    StateSnapshot, Status, StatusError, WindowRecord, WindowState, open_status, sign_status,
+    StateSnapshot, Status, StatusError, StatusLists, WindowRecord, WindowState, open_status,
+    open_status_lists, sign_status,
 };
 pub use signed::{Expectation, PayloadKind, SignedEnvelope, VerifyError};
 pub use wire::{DecodeError, WIRE_VERSION};

@@ -5,6 +5,11 @@ use serde::{Deserialize, Serialize};
 use crate::slices::{Reduced, Slice};
 use crate::{EncodedDelta, Hash32, SignedEnvelope, SignedManifest};
 
+pub use crate::status::{
+    MAX_LISTED, MAX_STATUS_BYTES, MAX_STATUS_LISTS_BYTES, MAX_STATUS_SKEW_MS, Status, StatusError,
+    StatusLists, formed_root, holding_root, open_status, open_status_lists, sign_status,
+};
+
 /// Domain tag of state hashes.
 pub const STATE_DOMAIN: &[u8] = b"nightshift/state/v1\0";
 
@@ -35,28 +40,6 @@ pub enum Phase {
     Paused,
 }
 
-/// A node's view of itself, sent on every phase change and on request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Status {
-    pub role: NodeRole,
-    pub phase: Phase,
-    /// The round being worked on: the node holds θ(round).
-    pub round: u64,
-    /// Hash of θ(round) and the outer-optimizer state ([`StateSnapshot::hash`]).
-    pub state_hash: Hash32,
-    /// The contributions that formed θ(round) (empty for round 0).
-    pub formed_by: Vec<ContributionId>,
-    /// Senders whose verified contributions for `round` this node holds so far.
-    pub holding: Vec<[u8; 32]>,
-    /// When the status was signed (Unix milliseconds): a receiver refuses one from too far in
-    /// the past or future ([`MAX_STATUS_SKEW_MS`]), or older than one it already holds from the
-    /// same sender.
-    pub unix_ms: u64,
-}
-
-/// Largest number of senders a status may list in `formed_by` or `holding`.
-pub const MAX_LISTED: usize = MAX_EXPECTED as usize;
-
 /// One contribution, named exactly: its sender and the digest of what it signed
 /// ([`SignedEnvelope::digest`]). A state lists the contributions that formed it this way, so a
 /// node replaying it uses those very contributions even when a sender signed two different ones
@@ -75,93 +58,6 @@ impl ContributionId {
             digest: env.digest(),
         }
     }
-}
-
-/// How far a status's time stamp may lie from the receiver's clock (10 minutes): statuses are
-/// bound to time so that an old one cannot be replayed as current.
-pub const MAX_STATUS_SKEW_MS: u64 = 10 * 60 * 1000;
-
-/// Largest encoded status: full `formed_by` and `holding` lists and the fixed fields.
-pub const MAX_STATUS_BYTES: usize = MAX_LISTED * (66 + 33) + 256;
-
-/// Why a status was refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum StatusError {
-    #[error("{0}")]
-    Verify(#[from] crate::VerifyError),
-    #[error("status does not decode: {0}")]
-    Decode(#[from] crate::DecodeError),
-    #[error("status lists {0} senders (limit {MAX_LISTED})")]
-    TooLong(usize),
-    #[error(
-        "status body says round {body_round} / state {body_hash}, its signed header round {header_round} / state {header_hash}"
-    )]
-    Mismatch {
-        body_round: u64,
-        body_hash: String,
-        header_round: u64,
-        header_hash: String,
-    },
-    #[error("status is {0} s away from this node's clock (limit {limit} s)", limit = MAX_STATUS_SKEW_MS / 1000)]
-    Stale(u64),
-}
-
-/// Signs `status` as `key`'s status in swarm `swarm_id`. The header binds the round and the
-/// state hash, so the envelope attests that its signer holds that state.
-pub fn sign_status(
-    key: &ed25519_dalek::SigningKey,
-    swarm_id: Hash32,
-    status: &Status,
-) -> SignedEnvelope {
-    let header = crate::signed::EnvelopeHeader {
-        kind: crate::PayloadKind::Status,
-        swarm_id,
-        round: status.round,
-        sender: [0; 32],
-        base_hash: status.state_hash,
-    };
-    SignedEnvelope::sign(key, header, crate::wire::encode(status))
-}
-
-/// Verifies a status envelope for swarm `swarm_id` (its sender on `allowlist` when that is
-/// given), decodes it, and checks it against the receiver's clock `now_ms`.
-///
-/// # Errors
-/// A bad signature, another swarm or kind, a sender not allowed, an undecodable or oversized
-/// status, a body that differs from the signed header, or a time stamp too far from `now_ms`.
-pub fn open_status(
-    env: &SignedEnvelope,
-    swarm_id: &Hash32,
-    allowlist: Option<&[[u8; 32]]>,
-    now_ms: u64,
-) -> Result<Status, StatusError> {
-    let expect = crate::Expectation {
-        kind: crate::PayloadKind::Status,
-        swarm_id: *swarm_id,
-        round: env.header.round,
-        base_hash: env.header.base_hash,
-        allowlist,
-        max_payload: MAX_STATUS_BYTES,
-    };
-    let body = env.verify(&expect)?;
-    let s: Status = crate::wire::decode(body, MAX_STATUS_BYTES)?;
-    let listed = s.formed_by.len().max(s.holding.len());
-    if listed > MAX_LISTED {
-        return Err(StatusError::TooLong(listed));
-    }
-    if s.round != env.header.round || s.state_hash != env.header.base_hash {
-        return Err(StatusError::Mismatch {
-            body_round: s.round,
-            body_hash: s.state_hash.short(),
-            header_round: env.header.round,
-            header_hash: env.header.base_hash.short(),
-        });
-    }
-    let skew = now_ms.abs_diff(s.unix_ms);
-    if skew > MAX_STATUS_SKEW_MS {
-        return Err(StatusError::Stale(skew / 1000));
-    }
-    Ok(s)
 }
 
 /// The payload of a [`crate::PayloadKind::Contribution`] envelope.
@@ -375,10 +271,12 @@ pub enum Request {
     },
     /// "Send me reduced slice `index` of `round`, signed by both its reducers, if you hold it."
     GetReduced { round: u64, index: u32 },
+    /// "What is your status, with the lists it commits to?"
+    GetStatusLists,
 }
 
 /// Largest frame of any request but [`Request::Push`] and [`Request::PushReduced`]: a signed
-/// status with full sender lists.
+/// status and some room.
 pub const MAX_SMALL_REQUEST_BYTES: usize = MAX_STATUS_BYTES + 4096;
 
 /// Whether a request frame that starts with `head` (its first two bytes: the wire version and
@@ -405,6 +303,11 @@ pub enum Response {
     Refused(String),
     Slice(Option<Box<Slice>>),
     Reduced(Option<Reduced>),
+    /// The responder's signed status and the lists it commits to.
+    StatusLists {
+        status: SignedEnvelope,
+        lists: StatusLists,
+    },
 }
 
 #[cfg(test)]
@@ -478,105 +381,21 @@ mod tests {
         );
     }
 
-    fn status(round: u64) -> Status {
-        Status {
-            role: NodeRole::Trainer,
-            phase: Phase::Ready,
-            round,
-            state_hash: Hash32::of(&[b"theta"]),
-            formed_by: vec![
-                ContributionId {
-                    sender: [1; 32],
-                    digest: Hash32::of(&[b"a"]),
-                },
-                ContributionId {
-                    sender: [2; 32],
-                    digest: Hash32::of(&[b"b"]),
-                },
-            ],
-            holding: vec![],
-            unix_ms: 1_700_000_000_000,
-        }
-    }
-
-    #[test]
-    fn signed_statuses_verify_and_refuse_outsiders_tampering_and_stale_ones() {
-        let key = ed25519_dalek::SigningKey::from_bytes(&[3; 32]);
-        let me = key.verifying_key().to_bytes();
-        let swarm = Hash32::of(&[b"swarm"]);
-        let now = 1_700_000_000_000;
-        let env = sign_status(&key, swarm, &status(4));
-        assert_eq!(open_status(&env, &swarm, None, now).unwrap(), status(4));
-        assert_eq!(
-            open_status(&env, &swarm, Some(&[me]), now + 1000).unwrap(),
-            status(4)
-        );
-        // Not on the allowlist, another swarm, tampered, relabelled.
-        assert!(matches!(
-            open_status(&env, &swarm, Some(&[[9; 32]]), now),
-            Err(StatusError::Verify(crate::VerifyError::NotAMember(_)))
-        ));
-        assert!(open_status(&env, &Hash32::of(&[b"other"]), None, now).is_err());
-        let mut t = env.clone();
-        t.header.round = 9;
-        assert!(matches!(
-            open_status(&t, &swarm, None, now),
-            Err(StatusError::Verify(crate::VerifyError::BadSignature))
-        ));
-        // An unsigned one.
-        let mut t = env.clone();
-        t.signature.clear();
-        assert!(open_status(&t, &swarm, None, now).is_err());
-        // A body that says another round than its signed header: refused.
-        let header = crate::signed::EnvelopeHeader {
-            kind: crate::PayloadKind::Status,
-            swarm_id: swarm,
-            round: 7,
-            sender: [0; 32],
-            base_hash: Hash32::of(&[b"theta"]),
-        };
-        let lie = SignedEnvelope::sign(&key, header, wire::encode(&status(4)));
-        assert!(matches!(
-            open_status(&lie, &swarm, None, now),
-            Err(StatusError::Mismatch { .. })
-        ));
-        // Too old, or from the future.
-        assert!(matches!(
-            open_status(&env, &swarm, None, now + MAX_STATUS_SKEW_MS + 1),
-            Err(StatusError::Stale(_))
-        ));
-        assert!(matches!(
-            open_status(&env, &swarm, None, now - MAX_STATUS_SKEW_MS - 1),
-            Err(StatusError::Stale(_))
-        ));
-        // A window envelope is not a status.
-        let rec = WindowRecord {
-            device_kind: "cpu".into(),
-            device_name: String::new(),
-            memory_bytes: 0,
-            tokens_per_sec: 1.0,
-            open_until: None,
-            state: WindowState::Training,
-            reason: String::new(),
-            round: 1,
-            updated_at: 1,
-        };
-        let w = sign_window(&key, swarm, Hash32::default(), &rec);
-        assert!(open_status(&w, &swarm, None, now).is_err());
-        // A status listing more senders than any swarm can hold.
-        let mut long = status(4);
-        long.holding = vec![[5; 32]; MAX_LISTED + 1];
-        let env = sign_status(&key, swarm, &long);
-        assert!(open_status(&env, &swarm, None, now).is_err());
-    }
-
     #[test]
     fn only_a_push_may_be_a_large_request() {
         let key = ed25519_dalek::SigningKey::from_bytes(&[3; 32]);
-        let env = sign_status(&key, Hash32::default(), &status(1));
+        let status = Status::summarizing(
+            NodeRole::Trainer,
+            Phase::Ready,
+            1,
+            Hash32::default(),
+            &StatusLists::default(),
+        );
+        let env = sign_status(&key, Hash32::default(), &status);
         let all = [
             (Request::Announce(env.clone()), false),
             (Request::GetStatus, false),
+            (Request::GetStatusLists, false),
             (Request::Push(env), true),
             (
                 Request::GetContribution {

@@ -6,7 +6,7 @@ use nightshift_protocol::message::Phase;
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{
     Contribution, ContributionId, DeltaCodec, EncodedDelta, Hash32, NodeRole, PayloadKind, Request,
-    SignedEnvelope, Status, delta, wire,
+    SignedEnvelope, Status, StatusLists, delta, wire,
 };
 
 fn hex(b: &[u8]) -> String {
@@ -52,19 +52,23 @@ fn signed_envelope_encoding_is_frozen() {
 
 #[test]
 fn status_encoding_is_frozen() {
-    // A state names its contributions by sender and envelope digest.
-    let s = Status {
-        role: NodeRole::Trainer,
-        phase: Phase::Collecting,
-        round: 9,
-        state_hash: Hash32::of(&[b"state"]),
+    // A status counts its lists and commits to them by roots; a state names its contributions
+    // by sender and envelope digest.
+    let lists = StatusLists {
         formed_by: vec![ContributionId {
             sender: [2; 32],
             digest: Hash32::of(&[b"envelope"]),
         }],
         holding: vec![[3; 32]],
-        unix_ms: 1_700_000_000_000,
     };
+    let mut s = Status::summarizing(
+        NodeRole::Trainer,
+        Phase::Collecting,
+        9,
+        Hash32::of(&[b"state"]),
+        &lists,
+    );
+    s.unix_ms = 1_700_000_000_000;
     assert_eq!(
         Hash32::of(&[&wire::encode(&s)]).to_hex(),
         VECTOR_STATUS_SHA256
@@ -86,8 +90,8 @@ fn int8_body_layout_is_frozen() {
     assert_eq!(out, vec![0.5, -0.5, 0.0, 64.0 * scale]);
 }
 const VECTOR_REQUEST: &str =
-    "0503fb2c010707070707070707070707070707070707070707070707070707070707070707";
+    "0603fb2c010707070707070707070707070707070707070707070707070707070707070707";
 const VECTOR_ENVELOPE_SHA256: &str =
-    "0ca8a295de156fcc24c67c97d0db922a8610845b1c3fd67ebe7d881b96c1d84c";
+    "cb3be3a780a639d247a130613e5a3222d80b2cde71b98a68453a52418e17d635";
 const VECTOR_STATUS_SHA256: &str =
-    "9e08f484d51fe7711b32ad6647efccb7549816b760bc9c51d9538c0a1132a426";
+    "68ae211e6cf6f46679775965556f96ab0f860c188a02ebb76b4004ddf1c18224";

@@ -131,6 +131,14 @@ pub struct SimArgs {
     #[arg(long, value_parser = parse_reduce)]
     #[serde(default)]
     pub reduce: Option<String>,
+    /// Count every transfer as if the model had this many parameters (the stand-in still
+    /// computes on `--params` values): the values inside contributions, slices, reduced slices
+    /// and states weigh `wire-params / params` times their encoded size, headers, signatures,
+    /// paths and statuses what they weigh. A large swarm's bytes at a realistic width without
+    /// holding every value in memory. Unset: the transfers as encoded.
+    #[arg(long)]
+    #[serde(default)]
+    pub wire_params: Option<usize>,
 }
 
 /// Parses `sim --reduce`: `S:CODEC`.

@@ -64,6 +64,41 @@ fn the_real_model_trains_through_the_simulator_and_the_nodes_agree() {
 }
 
 #[test]
+fn a_declared_wire_width_weighs_the_values_and_nothing_else() {
+    let run = |wire: Option<&str>| {
+        let mut flags = vec![
+            "--nodes",
+            "4",
+            "--rounds",
+            "3",
+            "--params",
+            "8192",
+            "--reduce",
+            "0:int8:64",
+        ];
+        if let Some(w) = wire {
+            flags.extend(["--wire-params", w]);
+        }
+        let r = simulate(&args(&flags)).unwrap();
+        let last = r.rounds.last().unwrap().clone();
+        (
+            last.bytes_up_median,
+            last.status_bytes_up_median,
+            last.val_loss,
+        )
+    };
+    let (up, statuses, loss) = run(None);
+    let (up10, statuses10, loss10) = run(Some("81920"));
+    // Ten times the values: the bulk grows about tenfold, the statuses and the learning do not.
+    assert!(up10 > 5 * up, "{up} → {up10}");
+    assert!(
+        statuses10 < 2 * statuses && statuses < 2 * statuses10,
+        "{statuses} → {statuses10}"
+    );
+    assert_eq!(loss, loss10);
+}
+
+#[test]
 fn a_fully_connected_swarm_agrees_on_every_round_and_learns() {
     let r = simulate(&args(&["--nodes", "12", "--rounds", "5", "--degree", "11"])).unwrap();
     assert_eq!(r.summary.nodes_finished, 12);

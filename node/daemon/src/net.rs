@@ -22,7 +22,7 @@ pub use event_loop::{
 };
 
 use libp2p::{PeerId, identity};
-use nightshift_protocol::{Hash32, SignedEnvelope, Status, StatusError, open_status};
+use nightshift_protocol::{Hash32, SignedEnvelope, Status, StatusError, StatusLists, open_status};
 
 /// Keeps `info["network"]` (what `nightshift status` shows) equal to `reach`, refreshed every
 /// second, for as long as the process runs.
@@ -130,6 +130,24 @@ impl StatusCheck {
             self.admitted.as_deref(),
             now_ms,
         )?)
+    }
+
+    /// Opens `env` as [`StatusCheck::open`] does, with the lists it commits to.
+    ///
+    /// # Errors
+    /// As [`StatusCheck::open`], or lists that are not the ones the status commits to.
+    pub fn open_lists(
+        &self,
+        peer: &PeerId,
+        env: &SignedEnvelope,
+        lists: &StatusLists,
+        now_ms: u64,
+    ) -> Result<Status, StatusRefusal> {
+        let s = self.open(peer, env, now_ms)?;
+        if !lists.matches(&s) {
+            return Err(StatusError::ListsMismatch.into());
+        }
+        Ok(s)
     }
 }
 

@@ -577,7 +577,7 @@ impl<B: AutodiffBackend> Driver<B> {
         }
         for o in outputs {
             let announced = match &o {
-                Output::Announce(s) => Some(s.phase),
+                Output::Announce(s, _) => Some(s.phase),
                 _ => None,
             };
             let Some(o) = self.io.carry(o) else {

@@ -41,7 +41,7 @@ use mutator::{frame_input, mutate};
 use seeds::{contribution_seeds, envelope_seeds, request_seeds, response_seeds};
 use signed::{mutated_value, signed_frame};
 use values::{
-    ROUND, base, contribution, header, ids, key, manifests, members, outsider, snapshot, statuses,
+    ROUND, base, contribution, header, key, manifests, members, outsider, snapshot, statuses,
     swarm, tweak_manifest, window_records,
 };
 
@@ -166,12 +166,12 @@ fn fuzz_status() {
                     ])
                 }
                 2 if rng.chance(10) => {
-                    // Lists at and over the limit (large: rarely).
-                    let n = *rng.pick(&[MAX_LISTED, MAX_LISTED + 1]);
+                    // Counts at and over the limit.
+                    let n = *rng.pick(&[MAX_LISTED as u32, MAX_LISTED as u32 + 1, u32::MAX]);
                     if rng.chance(50) {
-                        s.holding = vec![[5; 32]; n];
+                        s.holding = n;
                     } else {
-                        s.formed_by = ids(&vec![[6; 32]; n]);
+                        s.formed = n;
                     }
                 }
                 3 | 4 => {
@@ -203,7 +203,7 @@ fn fuzz_status() {
                         (env.header.round, env.header.base_hash)
                     );
                     assert!(s.unix_ms.abs_diff(NOW_MS) <= MAX_STATUS_SKEW_MS);
-                    assert!(s.formed_by.len() <= MAX_LISTED && s.holding.len() <= MAX_LISTED);
+                    assert!(s.formed as usize <= MAX_LISTED && s.holding as usize <= MAX_LISTED);
                     true
                 }
                 Err(e) => refused(e),

@@ -1,7 +1,7 @@
 //! Round trips of the encoders (proptest, few cases).
 
 use nightshift_protocol::delta;
-use nightshift_protocol::message::{self, NodeRole, Phase, Status};
+use nightshift_protocol::message::{self, NodeRole, Phase, Status, StatusLists};
 use nightshift_protocol::signed::{EnvelopeHeader, PayloadKind, SignedEnvelope};
 use nightshift_protocol::{DeltaCodec, EncodedDelta, Hash32, Request, wire};
 use proptest::prelude::*;
@@ -40,13 +40,17 @@ fn status() -> impl Strategy<Value = Status> {
     )
         .prop_map(
             |(role, phase, round, h, formed_by, holding, unix_ms)| Status {
-                role,
-                phase,
-                round,
-                state_hash: Hash32(h),
-                formed_by: ids(&formed_by),
-                holding,
                 unix_ms,
+                ..Status::summarizing(
+                    role,
+                    phase,
+                    round,
+                    Hash32(h),
+                    &StatusLists {
+                        formed_by: ids(&formed_by),
+                        holding,
+                    },
+                )
             },
         )
 }
@@ -84,6 +88,7 @@ fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         envelope().prop_map(Request::Announce),
         Just(Request::GetStatus),
+        Just(Request::GetStatusLists),
         envelope().prop_map(Request::Push),
         (any::<u64>(), any::<[u8; 32]>())
             .prop_map(|(round, sender)| Request::GetContribution { round, sender }),

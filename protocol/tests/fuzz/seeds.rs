@@ -6,8 +6,8 @@ use nightshift_protocol::{DeltaCodec, Request, Response, wire};
 
 use crate::deltas::{DeltaSeed, FP16, FP32, INT4, INT8, LOWRANK, N, TOPK, delta_seeds};
 use crate::values::{
-    ROUND, base, contribution, header, key, manifests, member, members, snapshot, statuses, swarm,
-    window_records,
+    ROUND, base, contribution, header, key, manifests, member, members, snapshot, status_lists,
+    statuses, swarm, window_records,
 };
 
 pub(crate) fn envelope_seeds() -> Vec<SignedEnvelope> {
@@ -39,6 +39,7 @@ pub(crate) fn request_seeds() -> Vec<Vec<u8>> {
     let envs = envelope_seeds();
     let mut reqs = vec![
         Request::GetStatus,
+        Request::GetStatusLists,
         Request::GetContribution {
             round: ROUND,
             sender: members()[1],
@@ -82,6 +83,10 @@ pub(crate) fn response_seeds() -> Vec<Vec<u8>> {
         })),
         Response::StateChunk(None),
         Response::Refused("not holding that state".into()),
+        Response::StatusLists {
+            status: message::sign_status(&key(), swarm(), &statuses()[0]),
+            lists: status_lists()[0].clone(),
+        },
     ];
     resps.iter().map(wire::encode).collect()
 }

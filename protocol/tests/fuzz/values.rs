@@ -3,7 +3,7 @@
 use ed25519_dalek::SigningKey;
 use nightshift_protocol::manifest::{DataFile, DataSpec, MAX_BOOTSTRAPS, MAX_MEMBERS};
 use nightshift_protocol::message::{
-    NodeRole, Phase, StateSnapshot, Status, WindowRecord, WindowState,
+    NodeRole, Phase, StateSnapshot, Status, StatusLists, WindowRecord, WindowState,
 };
 use nightshift_protocol::signed::{EnvelopeHeader, PayloadKind};
 use nightshift_protocol::{
@@ -79,35 +79,48 @@ pub(crate) fn ids(senders: &[[u8; 32]]) -> Vec<ContributionId> {
 
 pub(crate) fn statuses() -> Vec<Status> {
     let keys: Vec<[u8; 32]> = (1..=5u8).map(|i| [i; 32]).collect();
+    let status = |role, phase, round, state_hash, lists: &StatusLists, unix_ms| Status {
+        unix_ms,
+        ..Status::summarizing(role, phase, round, state_hash, lists)
+    };
     vec![
-        Status {
-            role: NodeRole::Trainer,
-            phase: Phase::Training,
-            round: ROUND,
-            state_hash: base(),
-            formed_by: ids(&keys[..3]),
-            holding: keys[..1].to_vec(),
-            unix_ms: NOW_MS - 1500,
-        },
-        Status {
-            role: NodeRole::Bootstrap,
-            phase: Phase::Ready,
-            round: 0,
-            state_hash: Hash32::of(&[b"genesis"]),
-            formed_by: vec![],
-            holding: vec![],
-            unix_ms: NOW_MS + 20,
-        },
-        Status {
-            role: NodeRole::Trainer,
-            phase: Phase::Paused,
-            round: 1_000_000,
-            state_hash: base(),
-            formed_by: ids(&keys),
-            holding: keys,
-            unix_ms: NOW_MS,
-        },
+        status(
+            NodeRole::Trainer,
+            Phase::Training,
+            ROUND,
+            base(),
+            &status_lists()[0],
+            NOW_MS - 1500,
+        ),
+        status(
+            NodeRole::Bootstrap,
+            Phase::Ready,
+            0,
+            Hash32::of(&[b"genesis"]),
+            &StatusLists::default(),
+            NOW_MS + 20,
+        ),
+        status(
+            NodeRole::Trainer,
+            Phase::Paused,
+            1_000_000,
+            base(),
+            &StatusLists {
+                formed_by: ids(&keys),
+                holding: keys,
+            },
+            NOW_MS,
+        ),
     ]
+}
+
+/// The lists of the first of [`statuses`].
+pub(crate) fn status_lists() -> Vec<StatusLists> {
+    let keys: Vec<[u8; 32]> = (1..=5u8).map(|i| [i; 32]).collect();
+    vec![StatusLists {
+        formed_by: ids(&keys[..3]),
+        holding: keys[..1].to_vec(),
+    }]
 }
 
 pub(crate) fn window_records() -> Vec<WindowRecord> {

@@ -7,7 +7,9 @@ use nightshift_node::machine::{
     Config, How, Input, Key, Millis, Output, Reduced, RoundMachine, Start, Trained,
 };
 use nightshift_protocol::slices::Slice;
-use nightshift_protocol::{ContributionId, Hash32, SignedEnvelope, StateSnapshot, Status, wire};
+use nightshift_protocol::{
+    ContributionId, Hash32, SignedEnvelope, StateSnapshot, Status, StatusLists, wire,
+};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -57,7 +59,7 @@ struct Node {
     step_ms: f64,
     /// Tokens per second of its last training (what its window record says).
     speed: Option<f64>,
-    served_status: Option<Status>,
+    served_status: Option<(Status, Arc<StatusLists>)>,
     served: BTreeMap<(u64, Key), Arc<SignedEnvelope>>,
     /// Slices served (round, sender, index) and reduced slices (round, index).
     slices: BTreeMap<(u64, ContributionId, u32), Arc<Slice>>,
@@ -115,6 +117,8 @@ enum Ev {
 
 enum Req {
     Status,
+    /// A status with the lists it commits to.
+    Lists,
     Contribution {
         round: u64,
         sender: Key,
@@ -522,7 +526,7 @@ impl World {
                 Input::Tick
                     | Input::Status { .. }
                     | Input::Speed { .. }
-                    | Input::StatusAnswer { .. }
+                    | Input::StatusAnswer { lists: None, .. }
             )
         {
             let short = match &input {
@@ -542,6 +546,19 @@ impl World {
                     hex::encode(&from[..3]),
                     hex::encode(&id.sender[..3]),
                     id.digest.short()
+                ),
+                Input::StatusAnswer {
+                    from,
+                    status: Some(s),
+                    lists: Some(l),
+                } => format!(
+                    "lists from {} r{} {} {:?} formed {} holding {}",
+                    hex::encode(&from[..3]),
+                    s.round,
+                    s.state_hash.short(),
+                    s.phase,
+                    l.formed_by.len(),
+                    l.holding.len()
                 ),
                 other => format!("{other:?}").chars().take(150).collect(),
             };
@@ -583,6 +600,18 @@ impl World {
             .filter(|n| !n.bootstrap)
             .filter_map(|n| n.held.get(&r))
             .collect()
+    }
+
+    /// What `encoded` bytes, of which `values` are values of the model, weigh on the wire with
+    /// `--wire-params`.
+    pub(super) fn weigh(&self, encoded: u64, values: u64) -> u64 {
+        match self.args.wire_params {
+            Some(p) if self.args.params > 0 => {
+                let scale = p as f64 / self.args.params as f64;
+                encoded - values.min(encoded) + (values as f64 * scale).round() as u64
+            }
+            _ => encoded,
+        }
     }
 
     /// Per node: bytes sent while holding θ(r) that were statuses.

@@ -56,7 +56,7 @@ impl World {
     /// A request from `a` to `b`; a lost one fails after the time-out.
     pub(super) fn request(&mut self, a: usize, b: usize, req: Req) {
         let epoch = self.nodes[a].epoch;
-        let status = matches!(req, Req::Status);
+        let status = matches!(req, Req::Status | Req::Lists);
         match self.transfer(a, b, REQUEST_BYTES, status) {
             Some(at) => self.schedule(
                 at,
@@ -77,7 +77,11 @@ impl World {
     pub(super) fn failed_answer(&self, b: usize, req: &Req) -> Input {
         let from = self.nodes[b].key;
         match req {
-            Req::Status => Input::StatusAnswer { from, status: None },
+            Req::Status | Req::Lists => Input::StatusAnswer {
+                from,
+                status: None,
+                lists: None,
+            },
             Req::Contribution { round, sender } => Input::NotFound {
                 from,
                 round: *round,
@@ -111,17 +115,37 @@ impl World {
             return;
         }
         let (bytes, input) = match &req {
-            Req::Status => {
-                let status = self.nodes[b].served_status.clone();
-                let bytes = status
-                    .as_ref()
-                    .map_or(16, |s| wire::encode(s).len() as u64 + ENVELOPE_BYTES);
-                (bytes, Input::StatusAnswer { from, status })
+            Req::Status | Req::Lists => {
+                let served = self.nodes[b].served_status.clone();
+                let with_lists = matches!(req, Req::Lists);
+                let bytes = served.as_ref().map_or(16, |(s, l)| {
+                    let lists = if with_lists {
+                        wire::encode(&**l).len() as u64
+                    } else {
+                        0
+                    };
+                    wire::encode(s).len() as u64 + ENVELOPE_BYTES + lists
+                });
+                let (status, lists) = match served {
+                    Some((s, l)) => (Some(s), with_lists.then_some(l)),
+                    None => (None, None),
+                };
+                (
+                    bytes,
+                    Input::StatusAnswer {
+                        from,
+                        status,
+                        lists,
+                    },
+                )
             }
             Req::Contribution { round, sender } => {
                 match self.nodes[b].served.get(&(*round, *sender)).cloned() {
                     Some(envelope) => (
-                        envelope.payload.len() as u64 + ENVELOPE_BYTES,
+                        self.weigh(
+                            envelope.payload.len() as u64 + ENVELOPE_BYTES,
+                            contribution_values(&envelope),
+                        ),
                         Input::Contribution { from, envelope },
                     ),
                     None => (
@@ -137,7 +161,10 @@ impl World {
             Req::Slice { round, id, index } => {
                 match self.nodes[b].slices.get(&(*round, *id, *index)).cloned() {
                     Some(slice) => (
-                        wire::encode(&*slice).len() as u64,
+                        self.weigh(
+                            wire::encode(&*slice).len() as u64,
+                            slice.body.body.len() as u64,
+                        ),
                         Input::Slice { from, slice },
                     ),
                     None => (16, self.failed_answer(b, &req)),
@@ -146,7 +173,10 @@ impl World {
             Req::Reduced { round, index } => {
                 match self.nodes[b].reduced.get(&(*round, *index)).cloned() {
                     Some(reduced) => (
-                        wire::encode(&*reduced).len() as u64,
+                        self.weigh(
+                            wire::encode(&*reduced).len() as u64,
+                            reduced_values(&reduced),
+                        ),
                         Input::Reduced { from, reduced },
                     ),
                     None => (16, self.failed_answer(b, &req)),
@@ -156,7 +186,10 @@ impl World {
                 let n = &self.nodes[b];
                 if n.checkpoint_hash == *hash && n.checkpoint.round == *round {
                     let state = n.checkpoint.clone();
-                    let bytes = (state.params.len() * 8) as u64 + 64;
+                    let bytes = self.weigh(
+                        (state.params.len() * 8) as u64 + 64,
+                        (state.params.len() * 8) as u64,
+                    );
                     (bytes, Input::State { from, state, bytes })
                 } else {
                     (16, Input::StateFailed { hash: *hash })
@@ -165,4 +198,28 @@ impl World {
         };
         self.respond(b, a, bytes, input, &req);
     }
+}
+
+/// The bytes of a whole contribution's encoded values (0 for a sliced contribution's header).
+pub(super) fn contribution_values(env: &SignedEnvelope) -> u64 {
+    if env.header.kind != nightshift_protocol::PayloadKind::Contribution {
+        return 0;
+    }
+    wire::decode::<nightshift_protocol::Contribution>(&env.payload, env.payload.len() + 64)
+        .map_or(0, |c| c.delta.body.len() as u64)
+}
+
+/// The bytes of a reduced slice's encoded mean, in each of its signed copies.
+pub(super) fn reduced_values(r: &Reduced) -> u64 {
+    r.signed
+        .iter()
+        .filter_map(|e| {
+            wire::decode::<nightshift_protocol::slices::ReducedSlice>(
+                &e.payload,
+                e.payload.len() + 64,
+            )
+            .ok()
+        })
+        .map(|s| s.mean.body.len() as u64)
+        .sum()
 }

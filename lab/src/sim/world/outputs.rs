@@ -7,9 +7,9 @@ impl World {
     pub(super) fn carry_out(&mut self, i: usize, o: Output) {
         let now = self.now;
         match o {
-            Output::Announce(mut s) => {
+            Output::Announce(mut s, lists) => {
                 s.unix_ms = now;
-                self.nodes[i].served_status = Some(s.clone());
+                self.nodes[i].served_status = Some((s.clone(), lists));
                 let bytes = wire::encode(&s).len() as u64 + ENVELOPE_BYTES;
                 let from = self.nodes[i].key;
                 for j in self.connected_neighbours(i) {
@@ -24,12 +24,12 @@ impl World {
                     );
                 }
             }
-            Output::Serve(mut s) => {
+            Output::Serve(mut s, lists) => {
                 s.unix_ms = now;
-                self.nodes[i].served_status = Some(s);
+                self.nodes[i].served_status = Some((s, lists));
             }
             Output::Greet(k) => {
-                if let (Some(&j), Some(s)) =
+                if let (Some(&j), Some((s, _))) =
                     (self.index.get(&k), self.nodes[i].served_status.clone())
                 {
                     let bytes = wire::encode(&s).len() as u64 + ENVELOPE_BYTES;
@@ -41,6 +41,13 @@ impl World {
                 for k in peers {
                     if let Some(&j) = self.index.get(&k) {
                         self.request(i, j, Req::Status);
+                    }
+                }
+            }
+            Output::AskLists(peers) => {
+                for k in peers {
+                    if let Some(&j) = self.index.get(&k) {
+                        self.request(i, j, Req::Lists);
                     }
                 }
             }
@@ -65,7 +72,10 @@ impl World {
             Output::Push { to, envelope } => {
                 self.contributions += 1;
                 self.contribution_bytes += envelope.payload.len() as u64;
-                let bytes = envelope.payload.len() as u64 + ENVELOPE_BYTES;
+                let bytes = self.weigh(
+                    envelope.payload.len() as u64 + ENVELOPE_BYTES,
+                    net::contribution_values(&envelope),
+                );
                 let from = self.nodes[i].key;
                 for k in to {
                     if let Some(&j) = self.index.get(&k) {
@@ -110,7 +120,10 @@ impl World {
                 }
             }
             Output::SendReduced { to, reduced } => {
-                let bytes = wire::encode(&*reduced).len() as u64;
+                let bytes = self.weigh(
+                    wire::encode(&*reduced).len() as u64,
+                    net::reduced_values(&reduced),
+                );
                 let from = self.nodes[i].key;
                 for k in to {
                     if let Some(&j) = self.index.get(&k) {

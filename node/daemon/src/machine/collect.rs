@@ -23,6 +23,8 @@ pub(super) struct Collecting {
     pub(super) wire_delta_bytes: u64,
     /// When the statuses of the peers were last asked for while some were missing.
     refreshed_at: Millis,
+    /// When each peer was last asked for its lists.
+    lists_asked: BTreeMap<Key, Millis>,
 }
 
 impl Collecting {
@@ -43,6 +45,7 @@ impl Collecting {
             own,
             wire_delta_bytes,
             refreshed_at: now,
+            lists_asked: BTreeMap::new(),
         }
     }
 }
@@ -75,6 +78,15 @@ impl RoundMachine {
                 .any(|c| c.round > r + 1 && self.cfg.recipe.attested(c))
         {
             self.out.push(Output::Note(Note::Behind { round: r }));
+            self.announce(Phase::Ready);
+            self.begin_round(now);
+            return;
+        }
+        // A state of our round that the rules prefer to ours, which peers already train on (a
+        // late contribution counted there and not here): our round's work would only fork the
+        // swarm, so the node replays that state instead, as its next alignment would.
+        if tick && self.preferred_fork_trained(r) {
+            self.out.push(Output::Note(Note::OnAFork { round: r }));
             self.announce(Phase::Ready);
             self.begin_round(now);
             return;
@@ -125,14 +137,32 @@ impl RoundMachine {
             self.refresh_statuses(now);
         }
         // Fetch what peers hold and we lack: at once when its sender cannot push to us (not
-        // connected), else only after giving the push time to arrive.
+        // connected), else only after giving the push time to arrive. A peer's status only
+        // counts what it holds: its own contribution once it collects is known, the rest is
+        // in its lists, asked for (now and then) when it holds more than we do.
         let patient = now >= pushed_at + PUSH_GRACE_MS;
         let Stage::Collecting(c) = &self.stage else {
             return;
         };
         let mut ask: Vec<(Key, Key)> = vec![];
+        let mut lists_wanted = vec![];
         for (p, s) in self.trainer_peers().filter(|(_, s)| s.round == r) {
-            for k in &s.holding {
+            let listed: Vec<Key> = match self.lists_of(p) {
+                Some(l) => l.holding.clone(),
+                None => {
+                    let more = s.holding as usize > c.collected.len();
+                    let lately = c.lists_asked.get(p).is_some_and(|at| now < at + LOOKUP_MS);
+                    if more && patient && !lately {
+                        lists_wanted.push(*p);
+                    }
+                    if s.phase == Phase::Collecting && s.state_hash == self.hash {
+                        vec![*p]
+                    } else {
+                        vec![]
+                    }
+                }
+            };
+            for k in &listed {
                 let direct = self.peers.get(k).is_some_and(|x| x.connected);
                 let asked_lately = c
                     .asked
@@ -153,7 +183,11 @@ impl RoundMachine {
             for (p, k) in &ask {
                 c.asked.insert(*k, (*p, now));
             }
+            for p in &lists_wanted {
+                c.lists_asked.insert(*p, now);
+            }
         }
+        self.ask_lists(now, lists_wanted, false);
         for (from, sender) in ask {
             self.out.push(Output::Fetch {
                 from,
@@ -161,6 +195,32 @@ impl RoundMachine {
                 sender,
             });
         }
+    }
+
+    /// Whether peers train or collect round `r` on a state of that round the rules prefer to
+    /// ours, one we could replay (we hold the state before ours) and have not rejected.
+    fn preferred_fork_trained(&self, r: u64) -> bool {
+        let Some((prev, _)) = &self.prev else {
+            return false;
+        };
+        if prev.round + 1 != r {
+            return false;
+        }
+        let ours = (self.state.formed_by.len(), self.hash);
+        self.claims().iter().any(|c| {
+            c.round == r
+                && c.hash != self.hash
+                && rules::preferred((c.formed, c.hash), ours) == std::cmp::Ordering::Less
+                && self.cfg.recipe.plausible(c)
+                && !self.rejected.skips(c)
+                && c.holders.iter().any(|h| {
+                    self.peers.get(h).is_some_and(|p| {
+                        p.status
+                            .as_ref()
+                            .is_some_and(|s| matches!(s.phase, Phase::Training | Phase::Collecting))
+                    })
+                })
+        })
     }
 
     /// A fetch for this round had nothing: that holder is not asked for it again.
@@ -243,7 +303,8 @@ impl RoundMachine {
                     .collected()
                     .map(|c| c.keys().copied().collect())
                     .unwrap_or_default();
-                self.out.push(Output::Serve(self.status()));
+                let (status, lists) = self.status();
+                self.out.push(Output::Serve(status, lists));
                 self.fetched(sender);
             }
             Err(e) => {

@@ -3,7 +3,9 @@
 use super::{Key, Millis};
 pub use nightshift_protocol::slices::Reduced;
 use nightshift_protocol::slices::Slice;
-use nightshift_protocol::{ContributionId, Hash32, SignedEnvelope, StateSnapshot, Status};
+use nightshift_protocol::{
+    ContributionId, Hash32, SignedEnvelope, StateSnapshot, Status, StatusLists,
+};
 use std::sync::Arc;
 
 /// What happens to a node.
@@ -21,10 +23,13 @@ pub enum Input {
         from: Key,
         status: Status,
     },
-    /// The answer to [`Output::AskStatuses`] from one peer (`None`: no answer).
+    /// The answer to [`Output::AskStatuses`] or [`Output::AskLists`] from one peer (`None`: no
+    /// answer); to the latter, with the lists the status commits to (checked by the network
+    /// layer, and again by the machine).
     StatusAnswer {
         from: Key,
         status: Option<Status>,
+        lists: Option<Arc<StatusLists>>,
     },
     /// A peer's measured training speed (its window record).
     Speed {
@@ -101,14 +106,18 @@ pub struct Trained {
 /// What the machine wants done.
 #[derive(Clone, Debug)]
 pub enum Output {
-    /// Sign this status, serve it and send it to every connected peer.
-    Announce(Status),
-    /// Sign this status and serve it (peers ask for it); nothing is sent.
-    Serve(Status),
+    /// Sign this status, serve it with its lists and send it (without them) to every connected
+    /// peer.
+    Announce(Status, Arc<StatusLists>),
+    /// Sign this status and serve it with its lists (peers ask for them); nothing is sent.
+    Serve(Status, Arc<StatusLists>),
     /// Send our served status to one peer (it just connected).
     Greet(Key),
     /// Ask these peers for their statuses; each answers with [`Input::StatusAnswer`].
     AskStatuses(Vec<Key>),
+    /// Ask these peers for their statuses with the lists they commit to; each answers with
+    /// [`Input::StatusAnswer`].
+    AskLists(Vec<Key>),
     /// Look up these peers' window records; each speed found comes back as [`Input::Speed`].
     LookUpSpeeds(Vec<Key>),
     /// Send our contribution to these peers.
@@ -259,6 +268,11 @@ pub enum Note {
     },
     /// An attested state further on exists: this round is abandoned to catch up.
     Behind {
+        round: u64,
+    },
+    /// Peers hold a state of our round that the rules prefer to ours, and they train on it:
+    /// this round is abandoned to replay it.
+    OnAFork {
         round: u64,
     },
     /// Joined the round under way for the time it has left.

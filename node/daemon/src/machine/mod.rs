@@ -29,6 +29,7 @@ mod align;
 mod collect;
 pub mod combine;
 mod io;
+mod peers;
 pub mod reducer;
 pub mod rules;
 pub mod sliced;
@@ -42,7 +43,7 @@ use nightshift_model::ErrorFeedback;
 use nightshift_protocol::message::Phase;
 use nightshift_protocol::slices::Slice;
 use nightshift_protocol::{
-    ContributionId, Hash32, NodeRole, SignedEnvelope, StateSnapshot, Status,
+    ContributionId, Hash32, NodeRole, SignedEnvelope, StateSnapshot, Status, StatusLists,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -59,12 +60,17 @@ pub type Millis = u64;
 
 /// How long a node waits for peers still finishing the previous round before it starts the next.
 pub const ALIGN_WAIT_MS: Millis = 10_000;
+/// How much longer a node waits for a peer still collecting the previous round that holds more
+/// of its contributions than formed the node's state.
+pub const RICHER_WAIT_MS: Millis = 20_000;
 /// How long a status look-up may take.
 pub const LOOKUP_MS: Millis = 5_000;
 /// How long one contribution fetch may take before the next holder is asked.
 pub const FETCH_TIMEOUT_MS: Millis = 20_000;
 /// How long one contribution fetch for a replay may take before the next holder is asked.
 pub const REPLAY_FETCH_MS: Millis = 10_000;
+/// How often a peer is asked again for the lists its status commits to while they are wanted.
+pub const LISTS_RETRY_MS: Millis = 1_500;
 /// How long a pushed contribution may take to arrive before it is fetched instead.
 pub const PUSH_GRACE_MS: Millis = 2_000;
 /// How long collection stays quiet (nobody missing) before it closes: one more look at the
@@ -136,6 +142,8 @@ struct Early {
 struct Peer {
     connected: bool,
     status: Option<Status>,
+    /// The lists its status commits to, when it sent them (asked for: [`Output::AskLists`]).
+    lists: Option<Arc<StatusLists>>,
     tokens_per_sec: Option<f64>,
 }
 
@@ -334,17 +342,21 @@ impl RoundMachine {
         })
     }
 
-    /// The status this node would announce now (`unix_ms` left for the signer to set).
-    pub fn status(&self) -> Status {
-        Status {
-            role: self.cfg.role,
-            phase: self.phase,
-            round: self.state.round,
-            state_hash: self.hash,
+    /// The status this node would announce now (`unix_ms` left for the signer to set), with the
+    /// lists it commits to.
+    pub fn status(&self) -> (Status, Arc<StatusLists>) {
+        let lists = StatusLists {
             formed_by: self.state.formed_by.clone(),
             holding: self.holding.clone(),
-            unix_ms: 0,
-        }
+        };
+        let status = Status::summarizing(
+            self.cfg.role,
+            self.phase,
+            self.state.round,
+            self.hash,
+            &lists,
+        );
+        (status, Arc::new(lists))
     }
 
     /// Handles one input at `now` and returns what to do.
@@ -363,13 +375,18 @@ impl RoundMachine {
                 if let Some(p) = self.peers.get_mut(&k) {
                     p.connected = false;
                     p.status = None;
+                    p.lists = None;
                 }
                 self.answered(k);
             }
-            Input::Status { from, status } => self.note_status(now, from, status),
-            Input::StatusAnswer { from, status } => {
+            Input::Status { from, status } => self.note_status(now, from, status, None),
+            Input::StatusAnswer {
+                from,
+                status,
+                lists,
+            } => {
                 if let Some(s) = status {
-                    self.note_status(now, from, s);
+                    self.note_status(now, from, s, lists);
                 }
                 self.answered(from);
             }
@@ -488,7 +505,8 @@ impl RoundMachine {
 
     fn announce(&mut self, phase: Phase) {
         self.phase = phase;
-        self.out.push(Output::Announce(self.status()));
+        let (status, lists) = self.status();
+        self.out.push(Output::Announce(status, lists));
     }
 
     fn finish(&mut self, reason: &'static str) {
@@ -497,84 +515,11 @@ impl RoundMachine {
         self.out.push(Output::Finished(reason));
     }
 
-    /// Records a peer's status unless we hold a newer one from it.
-    fn note_status(&mut self, now: Millis, from: Key, status: Status) {
-        let p = self.peers.entry(from).or_default();
-        if p.status
-            .as_ref()
-            .is_some_and(|old| old.unix_ms > status.unix_ms)
-        {
-            return;
-        }
-        if status.phase == Phase::Training && status.role == NodeRole::Trainer {
-            self.round_started.entry(status.round).or_insert(now);
-            let keep = status.round.saturating_sub(2);
-            self.round_started.retain(|r, _| *r >= keep);
-        }
-        p.status = Some(status);
-    }
-
-    fn answered(&mut self, from: Key) {
-        if let Some((waiting, _)) = &mut self.asking {
-            waiting.remove(&from);
-            if waiting.is_empty() {
-                self.asking = None;
-            }
-        }
-    }
-
-    /// Asks every connected peer for its status; the stages that need fresh statuses wait for
-    /// the answers (at most [`LOOKUP_MS`]).
-    fn refresh_statuses(&mut self, now: Millis) {
-        let peers: Vec<Key> = self
-            .peers
-            .iter()
-            .filter(|(_, p)| p.connected)
-            .map(|(k, _)| *k)
-            .collect();
-        if peers.is_empty() {
-            return;
-        }
-        self.asking = Some((peers.iter().copied().collect(), now + LOOKUP_MS));
-        self.out.push(Output::AskStatuses(peers));
-    }
-
-    fn refreshing(&self) -> bool {
-        self.asking.is_some()
-    }
-
-    /// Connected trainer peers that have not left, with their statuses.
-    fn trainer_peers(&self) -> impl Iterator<Item = (&Key, &Status)> {
-        self.peers.iter().filter_map(|(k, p)| {
-            let s = p.status.as_ref()?;
-            (p.connected && s.role == NodeRole::Trainer && s.phase != Phase::Done).then_some((k, s))
-        })
-    }
-
     /// Steps ran ahead and ended with something to send.
     fn early_ended(&self) -> bool {
         self.early
             .as_ref()
             .is_some_and(|e| e.done.as_ref().is_some_and(|t| t.steps > 0))
-    }
-
-    /// Trainer peers that are not paused.
-    fn live_peers(&self) -> usize {
-        self.trainer_peers()
-            .filter(|(_, s)| s.phase != Phase::Paused)
-            .count()
-    }
-
-    /// Peers working on round `r` from our state (about to train, training or collecting): the
-    /// ones whose contributions our round can count. A peer on another state of the round sends
-    /// contributions we refuse, so nobody waits for it.
-    fn working_on(&self, r: u64) -> impl Iterator<Item = (&Key, &Status)> {
-        let ours = self.hash;
-        self.trainer_peers().filter(move |(_, s)| {
-            s.round == r
-                && s.state_hash == ours
-                && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting)
-        })
     }
 
     /// Starts the next round: finish, pause, or align (a bootstrap: look for a newer state).

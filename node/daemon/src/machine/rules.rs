@@ -18,7 +18,7 @@
 use nightshift_model::OuterOptimizer;
 use nightshift_protocol::{
     Aggregator, ContributionId, DeltaCodec, Hash32, SignedEnvelope, SignedManifest, StateSnapshot,
-    Status,
+    Status, StatusLists,
 };
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -98,11 +98,12 @@ impl Recipe {
     /// counts, and in a swarm with an allowlist, only members' (the list is checked again by
     /// the replay; this keeps a made-up list from costing look-ups or inflating a count).
     pub fn plausible(&self, claim: &Claim) -> bool {
-        claim.formed_by.len() <= self.max_contributors()
+        claim.formed <= self.max_contributors()
             && self.allowlist.as_ref().is_none_or(|members| {
                 claim
                     .formed_by
                     .iter()
+                    .flatten()
                     .all(|id| members.contains(&id.sender))
             })
     }
@@ -205,42 +206,55 @@ impl Recipe {
     }
 }
 
-/// A state some peers say they hold: its round, hash and the contributions that formed it, who
-/// holds it and who signed that.
+/// A state some peers say they hold: its round, hash and the contributions that formed it (their
+/// count and root, and the list once a holder sent it), who holds it and who signed that.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
     pub round: u64,
     pub hash: Hash32,
-    /// Sorted by sender, one per sender.
-    pub formed_by: Vec<ContributionId>,
+    pub formed: usize,
+    pub formed_root: Hash32,
+    /// Sorted by sender, one per sender; `None` until a holder sent the list.
+    pub formed_by: Option<Vec<ContributionId>>,
     /// The peers (their keys) whose signed statuses claim it: they hold it, and they signed
     /// that they do.
     pub holders: Vec<Key>,
     pub signers: Vec<Key>,
 }
 
-/// Groups verified statuses, each with the key of the peer that signed it, into claims (one per
-/// round, hash and contribution set). A status that lists a sender twice claims nothing.
-pub fn group_claims<'a>(statuses: impl IntoIterator<Item = (Key, &'a Status)>) -> Vec<Claim> {
+/// Groups verified statuses, each with the key of the peer that signed it and the lists it sent
+/// (if any, already checked against the status: [`StatusLists::matches`]), into claims (one per
+/// round, hash and contribution set).
+pub fn group_claims<'a>(
+    statuses: impl IntoIterator<Item = (Key, &'a Status, Option<&'a StatusLists>)>,
+) -> Vec<Claim> {
     let mut out: Vec<Claim> = vec![];
-    for (signer, s) in statuses {
-        let mut formed = s.formed_by.clone();
-        formed.sort_unstable();
-        if formed.windows(2).any(|w| w[0].sender == w[1].sender) {
-            continue;
-        }
-        match out
-            .iter_mut()
-            .find(|c| c.round == s.round && c.hash == s.state_hash && c.formed_by == formed)
-        {
+    for (signer, s, lists) in statuses {
+        debug_assert!(lists.is_none_or(|l| l.matches(s)), "lists checked first");
+        let listed = lists.map(|l| {
+            let mut formed = l.formed_by.clone();
+            formed.sort_unstable();
+            formed
+        });
+        match out.iter_mut().find(|c| {
+            c.round == s.round
+                && c.hash == s.state_hash
+                && c.formed == s.formed as usize
+                && c.formed_root == s.formed_root
+        }) {
             Some(c) => {
                 c.holders.push(signer);
                 c.signers.push(signer);
+                if c.formed_by.is_none() {
+                    c.formed_by = listed;
+                }
             }
             None => out.push(Claim {
                 round: s.round,
                 hash: s.state_hash,
-                formed_by: formed,
+                formed: s.formed as usize,
+                formed_root: s.formed_root,
+                formed_by: listed,
                 holders: vec![signer],
                 signers: vec![signer],
             }),
@@ -354,7 +368,7 @@ pub fn candidates(
     claims: &[Claim],
     rejected: &Rejections,
 ) -> Vec<Candidate> {
-    let key = |c: &Claim| (c.formed_by.len(), c.hash);
+    let key = |c: &Claim| (c.formed, c.hash);
     let fresh = |c: &&Claim| !rejected.skips(c) && c.hash != held.hash && recipe.plausible(c);
     let mut forks: Vec<&Claim> = claims
         .iter()

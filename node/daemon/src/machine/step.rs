@@ -4,6 +4,7 @@
 
 use super::collect::Collecting;
 use super::*;
+use nightshift_protocol::message::{formed_root, holding_root};
 
 /// Per sender still wanted while reconciling: where it is listed (holder, and the digest when a
 /// peer's next state names the very contribution), the holder asked, and when.
@@ -13,8 +14,11 @@ type Pending = BTreeMap<Key, (Vec<(Key, Option<Hash32>)>, usize, Millis)>;
 #[derive(Debug)]
 pub(super) struct Reconciling {
     pub(super) collecting: Collecting,
-    /// The wanted list is drawn once the peers' fresh statuses are in.
+    /// The wanted list is drawn once the peers' fresh statuses are in, and the lists of those
+    /// whose sets differ from ours.
     listed: bool,
+    /// Times the differing peers' lists were asked for (twice at most: an answer may be lost).
+    lists_asked: u8,
     pending: Pending,
     until: Millis,
     pub(super) missed: usize,
@@ -31,6 +35,7 @@ impl RoundMachine {
         self.stage = Stage::Reconciling(Reconciling {
             collecting,
             listed: false,
+            lists_asked: 0,
             pending: BTreeMap::new(),
             until: now + RECONCILE_MS,
             missed,
@@ -46,6 +51,12 @@ impl RoundMachine {
         if !rc.listed {
             if self.refreshing() && now < until {
                 return;
+            }
+            if rc.lists_asked < 2 {
+                self.ask_differing_lists(now);
+                if self.refreshing() && now < until {
+                    return;
+                }
             }
             self.list_wanted(now);
         }
@@ -81,9 +92,34 @@ impl RoundMachine {
         }
     }
 
+    /// The peers whose statuses commit to another set than ours — what they hold of this
+    /// round, or what formed their next state — and whose lists we lack: asked for them
+    /// (peers that agree with us send no lists).
+    fn ask_differing_lists(&mut self, now: Millis) {
+        let r = self.state.round;
+        let Some(collected) = self.collected() else {
+            return;
+        };
+        let keys: Vec<Key> = collected.keys().copied().collect();
+        let (holding, formed) = (holding_root(&keys), formed_root(&ids(collected)));
+        let wanted: Vec<Key> = self
+            .trainer_peers()
+            .filter(|(p, s)| {
+                let differs = (s.round == r && s.holding_root != holding)
+                    || (s.round == r + 1 && s.formed_root != formed);
+                differs && self.lists_of(p).is_none()
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        if let Stage::Reconciling(rc) = &mut self.stage {
+            rc.lists_asked += 1;
+        }
+        self.ask_lists(now, wanted, true);
+    }
+
     /// What the peers hold for this round, or the very contributions that formed their next
-    /// state, that we lack; bounded ([`MAX_RECONCILE_FETCHES`] beyond the members), since a peer
-    /// listing senders that do not exist costs a look-up each.
+    /// state, that we lack (from the lists they sent); bounded ([`MAX_RECONCILE_FETCHES`]
+    /// beyond the members), since a peer listing senders that do not exist costs a look-up each.
     fn list_wanted(&mut self, now: Millis) {
         let r = self.state.round;
         let members = self.cfg.recipe.allowlist.clone();
@@ -94,10 +130,14 @@ impl RoundMachine {
         let mut count = 0;
         let cap = MAX_RECONCILE_FETCHES + members.as_ref().map_or(0, Vec::len);
         for (p, s) in self.trainer_peers() {
+            let Some(lists) = self.lists_of(p) else {
+                continue;
+            };
             let listed: Vec<(Key, Option<Hash32>)> = if s.round == r {
-                s.holding.iter().map(|k| (*k, None)).collect()
+                lists.holding.iter().map(|k| (*k, None)).collect()
             } else if s.round == r + 1 {
-                s.formed_by
+                lists
+                    .formed_by
                     .iter()
                     .map(|id| (id.sender, Some(id.digest)))
                     .collect()

@@ -193,7 +193,7 @@ impl request_response::Codec for WireCodec {
         T: AsyncWrite + Unpin + Send,
     {
         let frame = wire::encode(&res);
-        if matches!(res, Response::Status(_)) {
+        if matches!(res, Response::Status(_) | Response::StatusLists { .. }) {
             self.traffic
                 .status_sent
                 .fetch_add(frame.len() as u64 + 4, Ordering::Relaxed);

@@ -15,7 +15,7 @@ use libp2p::{
     connection_limits, dcutr, identify, noise, ping, pnet, relay, tcp, yamux,
 };
 use nightshift_protocol::message::{open_window, window_key};
-use nightshift_protocol::{Hash32, Request, Response, SignedEnvelope, Status, wire};
+use nightshift_protocol::{Hash32, Request, Response, SignedEnvelope, Status, StatusLists, wire};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -181,15 +181,22 @@ impl NetHandle {
             .flatten()
     }
 
-    /// Serves `status` (our signed status) from now on and announces it to `peers` in the
-    /// background, each announcement bounded by `timeout` (best effort).
+    /// Serves `status` (our signed status) and the lists it commits to from now on.
+    pub fn serve_status(&self, status: Arc<SignedEnvelope>, lists: Arc<StatusLists>) {
+        self.served.update(|s| {
+            s.status = Some(status);
+            s.status_lists = Some(lists);
+        });
+    }
+
+    /// Announces `status` (our signed status, without its lists) to `peers` in the background,
+    /// each announcement bounded by `timeout` (best effort).
     pub fn announce_status(
         &self,
         status: Arc<SignedEnvelope>,
         peers: impl IntoIterator<Item = PeerId>,
         timeout: Duration,
     ) {
-        self.served.update(|s| s.status = Some(status.clone()));
         for peer in peers {
             let net = self.clone();
             let status = status.clone();
@@ -203,28 +210,44 @@ impl NetHandle {
         }
     }
 
-    /// Asks every peer of `peers` for its status (each bounded by `timeout`) and returns those
-    /// that `check` accepts; refusals are logged.
+    /// Asks every peer of `peers` for its status (each bounded by `timeout`), with the lists it
+    /// commits to when `lists`, and returns those that `check` accepts; refusals are logged.
     pub async fn ask_statuses(
         &self,
         peers: Vec<PeerId>,
         check: &super::StatusCheck,
         timeout: Duration,
-    ) -> Vec<(PeerId, Status)> {
-        let asks = peers.into_iter().map(|p| async move {
-            (
-                p,
-                tokio::time::timeout(timeout, self.request(p, Request::GetStatus)).await,
-            )
+        with_lists: bool,
+    ) -> Vec<(PeerId, Status, Option<StatusLists>)> {
+        let request = if with_lists {
+            Request::GetStatusLists
+        } else {
+            Request::GetStatus
+        };
+        let asks = peers.into_iter().map(|p| {
+            let request = request.clone();
+            async move {
+                (
+                    p,
+                    tokio::time::timeout(timeout, self.request(p, request)).await,
+                )
+            }
         });
         let now = super::unix_ms();
         let mut out = vec![];
         for (p, r) in futures::future::join_all(asks).await {
-            if let Ok(Ok(Response::Status(env))) = r {
-                match check.open(&p, &env, now) {
-                    Ok(s) => out.push((p, s)),
-                    Err(e) => debug!(peer = %p, reason = %e, "status refused"),
+            let opened = match r {
+                Ok(Ok(Response::Status(env))) if !with_lists => {
+                    check.open(&p, &env, now).map(|s| (s, None))
                 }
+                Ok(Ok(Response::StatusLists { status, lists })) if with_lists => check
+                    .open_lists(&p, &status, &lists, now)
+                    .map(|s| (s, Some(lists))),
+                _ => continue,
+            };
+            match opened {
+                Ok((s, l)) => out.push((p, s, l)),
+                Err(e) => debug!(peer = %p, reason = %e, "status refused"),
             }
         }
         out

@@ -6,7 +6,8 @@
 use nightshift_protocol::message::MAX_CHUNK_BYTES;
 use nightshift_protocol::slices::{Reduced, Slice};
 use nightshift_protocol::{
-    ContributionId, Hash32, SignedEnvelope, SignedManifest, StateChunk, StateSnapshot, wire,
+    ContributionId, Hash32, SignedEnvelope, SignedManifest, StateChunk, StateSnapshot, StatusLists,
+    wire,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,8 +17,10 @@ use tokio::sync::watch;
 /// shared.
 #[derive(Clone, Debug)]
 pub struct Served {
-    /// The node's signed status ([`nightshift_protocol::sign_status`]).
+    /// The node's signed status ([`nightshift_protocol::sign_status`]) and the lists it
+    /// commits to.
     pub status: Option<Arc<SignedEnvelope>>,
+    pub status_lists: Option<Arc<StatusLists>>,
     /// Verified contributions by (round, sender).
     pub contributions: HashMap<(u64, [u8; 32]), Arc<SignedEnvelope>>,
     /// Slices (ours, and those gathered as a reducer) by (round, contribution, index).
@@ -36,6 +39,7 @@ impl Served {
     pub fn new(manifest: Option<SignedManifest>) -> Self {
         Served {
             status: None,
+            status_lists: None,
             contributions: HashMap::new(),
             slices: HashMap::new(),
             reduced: HashMap::new(),

@@ -149,23 +149,25 @@ impl NetIo {
     pub fn carry(&mut self, o: Output) -> Option<Output> {
         let lookup = Duration::from_millis(LOOKUP_MS);
         match o {
-            Output::Announce(status) => {
+            Output::Announce(status, lists) => {
                 let env = self.signed(status);
                 self.served_status = Some(env.clone());
+                self.net.serve_status(env.clone(), lists);
                 let peers: Vec<PeerId> = self.connected.iter().filter_map(peer_id_of).collect();
                 self.net.announce_status(env, peers, lookup);
             }
-            Output::Serve(status) => {
+            Output::Serve(status, lists) => {
                 let env = self.signed(status);
                 self.served_status = Some(env.clone());
-                self.net.served.update(|s| s.status = Some(env));
+                self.net.serve_status(env, lists);
             }
             Output::Greet(k) => {
                 if let (Some(env), Some(p)) = (self.served_status.clone(), peer_id_of(&k)) {
                     self.net.announce_status(env, [p], lookup);
                 }
             }
-            Output::AskStatuses(keys) => self.ask_statuses(keys),
+            Output::AskStatuses(keys) => self.ask_statuses(keys, false),
+            Output::AskLists(keys) => self.ask_statuses(keys, true),
             Output::Push { to, envelope } => {
                 let peers: Vec<PeerId> = to.iter().filter_map(peer_id_of).collect();
                 let net = self.net.clone();
@@ -270,27 +272,35 @@ impl NetIo {
         None
     }
 
-    /// Asks `keys` for their statuses; each answers with [`Input::StatusAnswer`] (`None` when it
-    /// did not, or its status did not check).
-    pub fn ask_statuses(&self, keys: Vec<Key>) {
+    /// Asks `keys` for their statuses (with the lists they commit to when `lists`); each
+    /// answers with [`Input::StatusAnswer`] (`None` when it did not, or its status did not
+    /// check).
+    pub fn ask_statuses(&self, keys: Vec<Key>, lists: bool) {
         let net = self.net.clone();
         let check = self.check.clone();
         let answers = self.answers.clone();
         tokio::spawn(async move {
             let peers: Vec<PeerId> = keys.iter().filter_map(peer_id_of).collect();
             let got = net
-                .ask_statuses(peers, &check, Duration::from_millis(LOOKUP_MS))
+                .ask_statuses(peers, &check, Duration::from_millis(LOOKUP_MS), lists)
                 .await;
-            let mut got: Vec<(Key, nightshift_protocol::Status)> = got
+            let mut got: Vec<(Key, _, _)> = got
                 .into_iter()
-                .filter_map(|(p, s)| Some((public_key_of(&p)?, s)))
+                .filter_map(|(p, s, l)| Some((public_key_of(&p)?, s, l)))
                 .collect();
             for k in keys {
-                let status = got
-                    .iter()
-                    .position(|(g, _)| *g == k)
-                    .map(|i| got.swap_remove(i).1);
-                let _ = answers.send(Input::StatusAnswer { from: k, status });
+                let (status, lists) = match got.iter().position(|(g, _, _)| *g == k) {
+                    Some(i) => {
+                        let (_, s, l) = got.swap_remove(i);
+                        (Some(s), l.map(Arc::new))
+                    }
+                    None => (None, None),
+                };
+                let _ = answers.send(Input::StatusAnswer {
+                    from: k,
+                    status,
+                    lists,
+                });
             }
         });
     }

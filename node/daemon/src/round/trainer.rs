@@ -425,6 +425,12 @@ impl<B: AutodiffBackend> Driver<B> {
             Note::Behind { round } => {
                 info!(round, "the swarm has moved on (attested); catching up")
             }
+            Note::OnAFork { round } => {
+                info!(
+                    round,
+                    "peers train on a state of this round the rules prefer; replaying it"
+                )
+            }
             Note::JoinedLate { round, budget_ms } => info!(
                 round,
                 secs = budget_ms as f64 / 1e3,

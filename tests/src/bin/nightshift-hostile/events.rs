@@ -114,7 +114,12 @@ impl Run {
                     self.refused_answers += 1;
                 }
                 match (p.purpose, response) {
-                    (Purpose::Status, Response::Status(env)) => self.note_status(swarm, peer, &env),
+                    (Purpose::Status, Response::Status(env)) => {
+                        self.note_status(swarm, peer, &env, None)
+                    }
+                    (Purpose::Status, Response::StatusLists { status, lists }) => {
+                        self.note_status(swarm, peer, &status, Some(&lists))
+                    }
                     (Purpose::Capture(round, sender), Response::Contribution(Some(env)))
                         if env.header.round == round
                             && env.header.sender == sender

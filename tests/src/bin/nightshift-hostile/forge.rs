@@ -6,7 +6,7 @@ use nightshift_protocol::message::{MAX_CHUNK_BYTES, Phase};
 use nightshift_protocol::signed::EnvelopeHeader;
 use nightshift_protocol::{
     Contribution, ContributionId, Hash32, NodeRole, PayloadKind, Request, Response, SignedEnvelope,
-    StateChunk, StateSnapshot, Status, delta, sign_status, wire,
+    StateChunk, StateSnapshot, Status, StatusLists, delta, sign_status, wire,
 };
 use std::sync::Arc;
 
@@ -72,7 +72,7 @@ impl Run {
         if self
             .current
             .as_ref()
-            .is_some_and(|c| c.round == target && unix_ms().saturating_sub(c.unix_ms) < 200)
+            .is_some_and(|(c, _)| c.round == target && unix_ms().saturating_sub(c.unix_ms) < 200)
         {
             return;
         }
@@ -82,17 +82,16 @@ impl Run {
             .get(&hash)
             .map(|f| f.formed_by.clone())
             .unwrap_or_default();
-        let status = Status {
-            role: NodeRole::Trainer,
-            phase: Phase::Ready,
-            round,
-            state_hash: hash,
+        let lists = StatusLists {
             formed_by,
             holding: vec![],
+        };
+        let status = Status {
             unix_ms: unix_ms(),
+            ..Status::summarizing(NodeRole::Trainer, Phase::Ready, round, hash, &lists)
         };
         let env = sign_status(&self.key, self.swarm_id, &status);
-        self.current = Some(status);
+        self.current = Some((status, lists));
         let peers: Vec<PeerId> = self.connected.iter().copied().collect();
         for p in peers {
             self.announced += 1;
@@ -143,11 +142,19 @@ impl Run {
         let kind = kind_of(&req);
         *self.inbound.entry(kind).or_default() += 1;
         match req {
-            Request::GetStatus => match &self.current {
-                Some(s) if self.mode.forges() => {
+            Request::GetStatus | Request::GetStatusLists => match &self.current {
+                Some((s, lists)) if self.mode.forges() => {
                     let mut s = s.clone();
                     s.unix_ms = unix_ms();
-                    Response::Status(sign_status(&self.key, self.swarm_id, &s))
+                    let status = sign_status(&self.key, self.swarm_id, &s);
+                    if matches!(req, Request::GetStatus) {
+                        Response::Status(status)
+                    } else {
+                        Response::StatusLists {
+                            status,
+                            lists: lists.clone(),
+                        }
+                    }
                 }
                 _ => Response::Refused("not ready".into()),
             },
@@ -186,6 +193,7 @@ fn kind_of(r: &Request) -> &'static str {
     match r {
         Request::Announce(_) => "announce",
         Request::GetStatus => "get_status",
+        Request::GetStatusLists => "get_status_lists",
         Request::Push(_) => "push",
         Request::GetContribution { .. } => "get_contribution",
         Request::GetState { .. } => "get_state",

@@ -59,7 +59,7 @@ impl Run {
                     let n = 16 + self.junk.below(4096) as usize;
                     let mut f = (n as u32).to_be_bytes().to_vec();
                     f.push(wire::WIRE_VERSION);
-                    f.push(self.junk.below(10) as u8);
+                    f.push(self.junk.below(11) as u8);
                     f.extend(self.junk.bytes(n - 2));
                     if !well_formed(&f) {
                         break f;

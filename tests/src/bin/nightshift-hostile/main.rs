@@ -36,7 +36,7 @@ use ed25519_dalek::SigningKey;
 use libp2p::request_response::OutboundRequestId;
 use libp2p::{Multiaddr, PeerId};
 use nightshift_protocol::{
-    ContributionId, Hash32, SignedEnvelope, SignedManifest, StateSnapshot, Status,
+    ContributionId, Hash32, SignedEnvelope, SignedManifest, StateSnapshot, Status, StatusLists,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -154,7 +154,7 @@ struct Run {
     forged: HashMap<Hash32, Forged>,
     forged_log: Vec<(u64, Hash32)>,
     /// The forged status announced last (re-signed with a fresh time stamp when asked for).
-    current: Option<Status>,
+    current: Option<(Status, StatusLists)>,
     flip: bool,
     announced: u64,
     contributions_served: u64,

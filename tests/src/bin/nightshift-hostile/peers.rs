@@ -4,7 +4,7 @@ use libp2p::swarm::dial_opts::DialOpts;
 use libp2p::{Multiaddr, PeerId, Swarm};
 use nightshift_node::net::{public_key_of, unix_ms};
 use nightshift_protocol::message::Phase;
-use nightshift_protocol::{NodeRole, Request, SignedEnvelope, open_status};
+use nightshift_protocol::{NodeRole, Request, SignedEnvelope, StatusLists, open_status};
 
 use crate::args::Mode;
 use crate::net::Attacker;
@@ -89,7 +89,13 @@ impl Run {
     pub(crate) fn poll_statuses(&mut self, swarm: &mut Swarm<Attacker>) {
         let peers: Vec<PeerId> = self.connected.iter().copied().collect();
         for p in peers {
-            self.send(swarm, p, Request::GetStatus, "get_status", Purpose::Status);
+            // Replaying what peers hold needs the lists their statuses commit to.
+            if self.mode == Mode::Replay {
+                let req = Request::GetStatusLists;
+                self.send(swarm, p, req, "get_status_lists", Purpose::Status);
+            } else {
+                self.send(swarm, p, Request::GetStatus, "get_status", Purpose::Status);
+            }
         }
         if !self.connected.is_empty() {
             swarm
@@ -108,6 +114,7 @@ impl Run {
         swarm: &mut Swarm<Attacker>,
         peer: PeerId,
         env: &SignedEnvelope,
+        lists: Option<&StatusLists>,
     ) {
         let status = match open_status(env, &self.swarm_id, None, unix_ms()) {
             Ok(s) if public_key_of(&peer) == Some(env.header.sender) => s,
@@ -129,12 +136,16 @@ impl Run {
                 self.honest_hashes.remove(&first);
             }
         }
-        if self.mode == Mode::Replay && status.role == NodeRole::Trainer {
+        let lists = lists.filter(|l| l.matches(&status));
+        if let Some(lists) = lists
+            && self.mode == Mode::Replay
+            && status.role == NodeRole::Trainer
+        {
             let mut wants: Vec<(u64, [u8; 32])> =
-                status.holding.iter().map(|k| (status.round, *k)).collect();
+                lists.holding.iter().map(|k| (status.round, *k)).collect();
             if status.round > 0 {
                 wants.extend(
-                    status
+                    lists
                         .formed_by
                         .iter()
                         .map(|id| (status.round - 1, id.sender)),

@@ -8,8 +8,10 @@ use super::reducer::RoundSlices;
 use super::rules::{Candidate, Claim, Held, candidates, group_claims, replay_round};
 use super::*;
 use nightshift_protocol::VerifyError;
+use nightshift_protocol::message::formed_root;
 use nightshift_protocol::slices::SliceError;
 
+pub(super) mod after;
 mod replay_sliced;
 pub(super) use replay_sliced::replay_combining;
 
@@ -26,13 +28,27 @@ pub(super) struct Verifying {
 /// One claim being verified.
 #[derive(Debug)]
 enum Attempt {
+    /// Waiting for a holder to send the list of contributions the claim commits to (asked
+    /// again of the claim's holders every [`LISTS_RETRY_MS`]).
+    Lists {
+        claim: Claim,
+        fork: bool,
+        asked_at: Millis,
+        until: Millis,
+    },
     Replay(Replay),
-    Download { claim: Claim, until: Millis },
+    Download {
+        claim: Claim,
+        until: Millis,
+    },
 }
 
 #[derive(Debug)]
 struct Replay {
     claim: Claim,
+    /// The contributions the claim names (its list, sent by a holder and checked against its
+    /// root), in key order.
+    ids: Vec<ContributionId>,
     fork: bool,
     base: Arc<StateSnapshot>,
     base_hash: Hash32,
@@ -47,18 +63,30 @@ struct Replay {
 
 impl RoundMachine {
     /// While peers still train or collect the previous round, wait for them (they may form a
-    /// state we prefer), at most until `until`; a window that closes ends the wait (unless this
-    /// is the look after the last round, `finish`, which trains no more).
+    /// state we prefer), at most until `until` — or [`RICHER_WAIT_MS`] longer while one of them
+    /// holds more of that round's contributions than formed our state (its state will be
+    /// preferred to ours); a window that closes ends the wait (unless this is the look after
+    /// the last round, `finish`, which trains no more).
     pub(super) fn align_wait(&mut self, now: Millis, until: Millis, finish: bool) {
         let available = self.available || finish;
         if available && self.refreshing() && now < until {
             return;
         }
         let r = self.state.round;
-        let lagging = self
-            .trainer_peers()
-            .filter(|(_, s)| s.round < r && matches!(s.phase, Phase::Training | Phase::Collecting))
-            .count();
+        let ours = self.state.formed_by.len();
+        let mut lagging = 0;
+        let mut richer = false;
+        for (_, s) in self.trainer_peers() {
+            if s.round < r && matches!(s.phase, Phase::Training | Phase::Collecting) {
+                lagging += 1;
+                richer |= s.round + 1 == r && s.holding as usize > ours;
+            }
+        }
+        let until = if richer {
+            until + RICHER_WAIT_MS
+        } else {
+            until
+        };
         if lagging == 0 || now >= until || !available {
             if finish && !self.final_look {
                 // The look after the last round, which no next round repairs: on fresh
@@ -91,7 +119,7 @@ impl RoundMachine {
         group_claims(self.peers.iter().filter_map(|(k, p)| {
             let s = p.status.as_ref()?;
             (p.connected && (s.phase != Phase::Done || s.round == r || s.round == r + 1))
-                .then_some((*k, s))
+                .then_some((*k, s, p.lists.as_deref()))
         }))
     }
 
@@ -101,6 +129,57 @@ impl RoundMachine {
             return;
         };
         match &mut v.current {
+            Some(Attempt::Lists {
+                claim,
+                fork,
+                asked_at,
+                until,
+            }) => {
+                let (claim, fork, until) = (claim.clone(), *fork, *until);
+                let again = now >= *asked_at + LISTS_RETRY_MS;
+                if again {
+                    *asked_at = now;
+                }
+                let same = |c: &Claim| {
+                    c.round == claim.round
+                        && c.hash == claim.hash
+                        && c.formed_root == claim.formed_root
+                };
+                let claims = self.claims();
+                let listed = claims
+                    .iter()
+                    .find(|c| same(c) && c.formed_by.is_some())
+                    .cloned();
+                if listed.is_none() && again {
+                    // An answer lost, or a holder that moved on: ask whoever holds it now.
+                    let mut from: Vec<Key> = claims
+                        .iter()
+                        .filter(|c| same(c))
+                        .flat_map(|c| c.holders.clone())
+                        .collect();
+                    from.truncate(rules::MAX_HOLDERS_ASKED);
+                    self.ask_lists(now, from, false);
+                }
+                match listed {
+                    Some(c) if !self.cfg.recipe.plausible(&c) => {
+                        self.attempt_failed(now, "its list names non-members".into(), true);
+                    }
+                    Some(c) => match self.start_listed_replay(now, c, fork) {
+                        Some(attempt) => {
+                            if let Stage::Verifying(v) = &mut self.stage {
+                                v.current = Some(attempt);
+                            }
+                            self.try_replay(now);
+                        }
+                        None => self.attempt_failed(now, "its base is gone".into(), false),
+                    },
+                    None if now >= until => {
+                        self.attempt_failed(now, "no holder sent its list".into(), false);
+                    }
+                    None => {}
+                }
+                return;
+            }
             Some(Attempt::Replay(rp)) => {
                 // Holders that do not answer in time are passed over for the next.
                 let mut ask = vec![];
@@ -160,17 +239,12 @@ impl RoundMachine {
         };
         for cand in list {
             let attempt = match cand {
-                Candidate::Fork(claim) => match self.prev.clone() {
-                    Some((b, h)) if b.round + 1 == claim.round => {
-                        self.start_replay(now, claim, true, b, h)
-                    }
-                    _ => continue,
-                },
-                Candidate::Ahead(claim) => {
-                    let (b, h) = (self.state.clone(), self.hash);
-                    self.start_replay(now, claim, false, b, h)
-                }
-                Candidate::Attested(claim) => self.start_download(now, claim),
+                Candidate::Fork(claim) => self.start_claim_replay(now, claim, true),
+                Candidate::Ahead(claim) => self.start_claim_replay(now, claim, false),
+                Candidate::Attested(claim) => Some(self.start_download(now, claim)),
+            };
+            let Some(attempt) = attempt else {
+                continue;
             };
             if self.phase != Phase::Syncing {
                 self.announce(Phase::Syncing);
@@ -185,17 +259,62 @@ impl RoundMachine {
         if self.phase == Phase::Syncing {
             self.announce(Phase::Ready);
         }
-        if then_finish || self.done() {
+        if then_finish || (self.done() && (!self.trained_any || self.final_look)) {
             self.finish("finished");
+        } else if self.done() {
+            // Reached the last round by a replay: the look after it waits for the peers still
+            // finishing that round, as after a round of its own (a state they form may be
+            // preferred, and no next round repairs the last one).
+            self.begin_round(now);
         } else {
             self.after_align(now);
         }
+    }
+
+    /// Replays `claim` (from the state before ours when it is a `fork`), once a holder has sent
+    /// the list of contributions it commits to: asked for first when none has.
+    /// `None`: a fork whose base we no longer hold.
+    fn start_claim_replay(&mut self, now: Millis, claim: Claim, fork: bool) -> Option<Attempt> {
+        if fork
+            && self
+                .prev
+                .as_ref()
+                .is_none_or(|(b, _)| b.round + 1 != claim.round)
+        {
+            return None;
+        }
+        if claim.formed_by.is_some() {
+            return self.start_listed_replay(now, claim, fork);
+        }
+        let mut from = claim.holders.clone();
+        from.truncate(rules::MAX_HOLDERS_ASKED);
+        self.ask_lists(now, from, false);
+        Some(Attempt::Lists {
+            claim,
+            fork,
+            asked_at: now,
+            until: now + REPLAY_FETCH_MS,
+        })
+    }
+
+    /// Replays `claim`, whose list a holder has sent, from its base (`None`: the base is gone).
+    fn start_listed_replay(&mut self, now: Millis, claim: Claim, fork: bool) -> Option<Attempt> {
+        let (base, base_hash) = if fork {
+            self.prev
+                .clone()
+                .filter(|(b, _)| b.round + 1 == claim.round)?
+        } else {
+            (self.state.clone(), self.hash)
+        };
+        let ids = claim.formed_by.clone()?;
+        Some(self.start_replay(now, claim, ids, fork, base, base_hash))
     }
 
     fn start_replay(
         &mut self,
         now: Millis,
         claim: Claim,
+        ids: Vec<ContributionId>,
         fork: bool,
         base: Arc<StateSnapshot>,
         base_hash: Hash32,
@@ -203,7 +322,7 @@ impl RoundMachine {
         let round = base.round;
         let mut have = BTreeMap::new();
         let mut asking = BTreeMap::new();
-        for id in &claim.formed_by {
+        for id in &ids {
             // One we hold, or one pushed to us early (the very one the claim names; the replay
             // verifies it like any other).
             let known = self.held_as(round, id).or_else(|| {
@@ -231,6 +350,7 @@ impl RoundMachine {
         }
         Attempt::Replay(Replay {
             claim,
+            ids,
             fork,
             base,
             base_hash,
@@ -267,7 +387,7 @@ impl RoundMachine {
             }) => {
                 env.header.round == rp.base.round
                     && rp.asking.contains_key(&env.header.sender)
-                    && rp.claim.formed_by.contains(&ContributionId::of(&env))
+                    && rp.ids.contains(&ContributionId::of(&env))
             }
             _ => false,
         };
@@ -359,8 +479,7 @@ impl RoundMachine {
             return self.replay_sliced(now, slicing);
         }
         let envs: Vec<Arc<SignedEnvelope>> = rp
-            .claim
-            .formed_by
+            .ids
             .iter()
             .filter_map(|id| rp.have.get(&id.sender).cloned())
             .collect();
@@ -426,6 +545,7 @@ impl RoundMachine {
             return;
         };
         let claim = match v.current.take() {
+            Some(Attempt::Lists { claim, .. }) => claim,
             Some(Attempt::Replay(rp)) => rp.claim,
             Some(Attempt::Download { claim, .. }) => claim,
             None => return,
@@ -453,12 +573,11 @@ impl RoundMachine {
         else {
             return;
         };
-        let mut formed = state.formed_by.clone();
-        formed.sort_unstable();
         let hash = state.hash();
         let fits = state.round == claim.round
             && hash == claim.hash
-            && formed == claim.formed_by
+            && state.formed_by.len() == claim.formed
+            && formed_root(&state.formed_by) == claim.formed_root
             && state.params.len() == self.cfg.recipe.num_params
             && state.momentum.len() == state.params.len();
         if !fits {
@@ -541,154 +660,4 @@ impl RoundMachine {
         }));
         self.announce(Phase::Ready);
     }
-
-    /// After aligning: train now, join the round under way for what is left of it, or (just
-    /// synced, too late to join) wait for it to end. A node that could not verify a better
-    /// state its peers hold yet, with no peer left on its own, tries again first (a few times):
-    /// a round trained alone counts for nobody.
-    fn after_align(&mut self, now: Millis) {
-        if self.cfg.role == NodeRole::Bootstrap {
-            self.stage = Stage::Following {
-                at: now + FOLLOW_MS,
-            };
-            return;
-        }
-        if !self.available && self.early_ended() {
-            // Steps ran ahead for this round until the window closed: what they did counts.
-            let e = self.early.take().expect("checked");
-            return self.resume_early(now, e);
-        }
-        if !self.available {
-            return self.begin_round(now);
-        }
-        if self.stalls < MAX_STALLS && self.better_unverified() {
-            self.stalls += 1;
-            self.out.push(Output::Note(Note::Stalled {
-                round: self.state.round,
-                times: self.stalls,
-            }));
-            self.stage = Stage::Retrying {
-                at: now + rules::RETRY_SECS * 1000,
-            };
-            return;
-        }
-        self.stalls = 0;
-        if let Some(e) = self.early.take() {
-            // Steps ran ahead for this round while the last one was collected.
-            return self.resume_early(now, e);
-        }
-        if self.round_under_way() {
-            match self.late_budget(now) {
-                Some(left) => {
-                    self.out.push(Output::Note(Note::JoinedLate {
-                        round: self.state.round,
-                        budget_ms: left,
-                    }));
-                    self.start_training(now, Some(left));
-                    return;
-                }
-                None if self.just_synced && !self.waited_for_round => {
-                    self.waited_for_round = true;
-                    self.out.push(Output::Note(Note::WaitingForRoundEnd {
-                        round: self.state.round,
-                    }));
-                    // A node that just started knows no speeds yet: with its peers' it can
-                    // still join this round late (see the waiting stage).
-                    if self.train_budget().is_none() {
-                        let mut keys = self.trainer_keys();
-                        keys.push(self.me);
-                        self.out.push(Output::LookUpSpeeds(keys));
-                    }
-                    self.announce(Phase::Syncing);
-                    let cap = self.cfg.round_deadline_ms.max(60_000) * 4;
-                    self.stage = Stage::Waiting { until: now + cap };
-                    return;
-                }
-                None => {}
-            }
-        }
-        let budget = self.train_budget();
-        self.start_training(now, budget);
-    }
-
-    /// True when no live peer works on our state's round while some hold a state the rules
-    /// prefer (a fork of our round, or the next round) that did not verify, through no fault of
-    /// its own.
-    fn better_unverified(&self) -> bool {
-        if self.working_on(self.state.round).next().is_some() {
-            return false;
-        }
-        let held = Held {
-            round: self.state.round,
-            hash: self.hash,
-            formed: self.state.formed_by.len(),
-        };
-        candidates(
-            &self.cfg.recipe,
-            held,
-            &self.claims(),
-            &rules::Rejections::default(),
-        )
-        .iter()
-        .any(|c| !matches!(c, Candidate::Attested(_)) && !self.rejected.faulty(c.claim()))
-    }
-
-    /// True when live peers hold our round and every one of them has started training it.
-    pub(super) fn round_under_way(&self) -> bool {
-        let r = self.state.round;
-        let mut any = false;
-        for (_, s) in self.trainer_peers() {
-            if s.round != r || matches!(s.phase, Phase::Syncing | Phase::Paused) {
-                continue;
-            }
-            if !matches!(s.phase, Phase::Training | Phase::Collecting) {
-                return false;
-            }
-            any = true;
-        }
-        any
-    }
-
-    /// Training time left in the round under way, when we know when it started and how long the
-    /// live nodes take, and at least a fifth of it (and a second) is left.
-    pub(super) fn late_budget(&self, now: Millis) -> Option<Millis> {
-        let started = *self.round_started.get(&self.state.round)?;
-        let expected = self.train_budget()? as f64 / BUDGET_FACTOR;
-        let left = expected - now.saturating_sub(started) as f64;
-        (left >= (expected * 0.2).max(1000.0)).then_some(left as Millis)
-    }
-
-    /// How long this round's training may take: [`BUDGET_FACTOR`] times the median expected
-    /// training time of the live trainers whose speed is known (ours included); `None` until
-    /// two speeds are known.
-    pub(super) fn train_budget(&self) -> Option<Millis> {
-        let mut speeds: Vec<f64> = self
-            .peers
-            .values()
-            .filter(|p| {
-                p.connected
-                    && p.status.as_ref().is_some_and(|s| {
-                        s.role == NodeRole::Trainer
-                            && !matches!(s.phase, Phase::Done | Phase::Paused | Phase::Syncing)
-                    })
-            })
-            .filter_map(|p| p.tokens_per_sec)
-            .collect();
-        speeds.extend(self.tokens_per_sec);
-        round_budget(speeds, self.cfg.round_tokens)
-    }
-}
-
-/// A round's training budget in milliseconds for `tokens` tokens given the live nodes' speeds
-/// (tokens/s): [`BUDGET_FACTOR`] × the time the median node needs (the upper median of an even
-/// count). `None` with fewer than two known speeds. A node slower than that sends a smaller
-/// contribution; nobody waits for it past the budget, and nobody shuts it out.
-pub fn round_budget(mut speeds: Vec<f64>, tokens: f64) -> Option<Millis> {
-    speeds.retain(|s| s.is_finite() && *s > 0.0);
-    if speeds.len() < 2 {
-        return None;
-    }
-    speeds.sort_by(f64::total_cmp);
-    let median = speeds[speeds.len() / 2];
-    Some((BUDGET_FACTOR * tokens / median * 1000.0) as Millis)
 }

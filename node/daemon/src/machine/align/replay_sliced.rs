@@ -29,7 +29,7 @@ impl RoundMachine {
         };
         if rp.combining.is_none() {
             let mut set = BTreeMap::new();
-            for id in &rp.claim.formed_by {
+            for id in &rp.ids {
                 let Some(env) = rp.have.get(&id.sender) else {
                     continue;
                 };

@@ -43,6 +43,10 @@ pub const SLICE_FETCH_MS: Millis = 10_000;
 /// How long a node waits before asking a slice's holders again once every one had nothing (a
 /// sender that restarts serves its slices again).
 pub const SLICE_RETRY_MS: Millis = 2_000;
+/// The download and upload rate the graces allow a slice's reducers (bytes per second): a slow
+/// home link. A slice that many inputs make large gets that much longer before others fetch or
+/// compute it in its reducers' stead ([`Combining::slack`]).
+pub const ASSUMED_RATE_BYTES: u64 = 1_000_000;
 /// Reduced slices kept for a round the node has not reached the end of yet.
 pub const MAX_EARLY_REDUCED: usize = 64;
 
@@ -130,6 +134,8 @@ pub(super) struct Combining {
     noise: Option<f64>,
     started: Millis,
     until: Millis,
+    /// What the graces add for the time a slice's reducers need to move it ([`Self::slack`]).
+    slack: Millis,
     /// Bytes of slices and reduced slices received.
     pub(super) bytes: u64,
 }
@@ -193,9 +199,12 @@ impl Combining {
             asked_once: BTreeSet::new(),
             noise,
             started: now,
-            until: now + COMBINE_MS,
+            until: now,
+            slack: 0,
             bytes: 0,
         };
+        c.slack = c.slack();
+        c.until = now + COMBINE_MS + 4 * c.slack;
         let round = c.rules.round;
         if sources.is_empty() {
             for j in 0..c.slices() {
@@ -218,6 +227,15 @@ impl Combining {
 
     fn slices(&self) -> u32 {
         self.rules.slicing.slices
+    }
+
+    /// How long a slice's reducers need, at [`ASSUMED_RATE_BYTES`], to fetch the slice of every
+    /// member and push its mean to every peer: twice the members times a slice's bytes (one
+    /// byte a value, as `int8` sends it). Negligible when a round has about as many slices as
+    /// members; many seconds for a round of few slices over a large swarm.
+    fn slack(&self) -> Millis {
+        let values = self.rules.recipe.num_params as u64 / u64::from(self.slices().max(1));
+        2 * self.members.len() as u64 * values * 1000 / ASSUMED_RATE_BYTES
     }
 
     /// Starts gathering slice `j` of every member: ours from `own`, the others' fetched.
@@ -332,13 +350,14 @@ impl Combining {
     /// Sends the slice fetches that are due.
     fn ask(&mut self, now: Millis, out: &mut Vec<Output>) {
         let round = self.rules.round;
+        let slack = self.slack;
         for (j, w) in &mut self.work {
             for a in w.asking.values_mut() {
-                if a.since.is_some_and(|t| now >= t + SLICE_FETCH_MS) {
+                if a.since.is_some_and(|t| now >= t + SLICE_FETCH_MS + slack) {
                     a.next_holder(now);
                 }
                 if let Some(t) = a.since
-                    && now >= t + HEDGE_MS
+                    && now >= t + HEDGE_MS + slack / 2
                     && !a.hedged
                 {
                     // Asked again (a request or its answer may be lost): the first answer
@@ -501,7 +520,7 @@ impl Combining {
                     && !c.asked.contains_key(&j)
                     && !c.work.get(&j).is_some_and(|w| w.role == Role::Compute)
             };
-            if now >= self.started + REDUCED_GRACE_MS {
+            if now >= self.started + REDUCED_GRACE_MS + self.slack {
                 for j in 0..self.slices() {
                     let (red, chk) = assigned(&self.members, self.rules.round, j);
                     if waiting(self, j)
@@ -514,7 +533,7 @@ impl Combining {
                     }
                 }
             }
-            if now >= self.started + COMBINE_GRACE_MS {
+            if now >= self.started + COMBINE_GRACE_MS + 2 * self.slack {
                 for j in 0..self.slices() {
                     if waiting(self, j) {
                         self.gather(now, j, Role::Compute, me, out);

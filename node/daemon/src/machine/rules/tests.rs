@@ -1,6 +1,7 @@
 use super::*;
 use nightshift_protocol::NodeRole;
 use nightshift_protocol::message::Phase;
+use nightshift_protocol::message::formed_root;
 
 fn recipe(members: Option<Vec<[u8; 32]>>, quorum: u32) -> Recipe {
     Recipe {
@@ -20,15 +21,18 @@ fn recipe(members: Option<Vec<[u8; 32]>>, quorum: u32) -> Recipe {
 }
 
 fn claim(round: u64, tag: &[u8], formed: usize, signers: &[[u8; 32]]) -> Claim {
+    let ids: Vec<ContributionId> = (1..=formed as u8)
+        .map(|i| ContributionId {
+            sender: [i; 32],
+            digest: Hash32::of(&[&[i]]),
+        })
+        .collect();
     Claim {
         round,
         hash: Hash32::of(&[tag]),
-        formed_by: (1..=formed as u8)
-            .map(|i| ContributionId {
-                sender: [i; 32],
-                digest: Hash32::of(&[&[i]]),
-            })
-            .collect(),
+        formed,
+        formed_root: formed_root(&ids),
+        formed_by: Some(ids),
         holders: signers.to_vec(),
         signers: signers.to_vec(),
     }
@@ -225,29 +229,48 @@ fn candidates_put_forks_first_then_one_round_ahead_then_attested_far() {
 }
 
 #[test]
-fn statuses_group_into_claims_and_a_repeated_contributor_claims_nothing() {
-    let keys: Vec<ed25519_dalek::SigningKey> = (1..=3u8)
-        .map(|i| ed25519_dalek::SigningKey::from_bytes(&[i; 32]))
-        .collect();
-    let peers: Vec<[u8; 32]> = keys.iter().map(|k| k.verifying_key().to_bytes()).collect();
+fn statuses_group_into_claims_by_root_and_a_claim_takes_the_list_of_any_holder() {
+    let peers: Vec<[u8; 32]> = (1..=4u8).map(|i| [i; 32]).collect();
     let id = |i: u8| ContributionId {
         sender: [i; 32],
         digest: Hash32::of(&[&[i]]),
     };
-    let st = |formed: Vec<ContributionId>| Status {
-        role: NodeRole::Trainer,
-        phase: Phase::Ready,
-        round: 4,
-        state_hash: Hash32::of(&[b"h"]),
-        formed_by: formed,
-        holding: vec![],
-        unix_ms: 0,
+    let st = |lists: &StatusLists| {
+        Status::summarizing(
+            NodeRole::Trainer,
+            Phase::Ready,
+            4,
+            Hash32::of(&[b"h"]),
+            lists,
+        )
     };
-    let a = st(vec![id(2), id(1)]);
-    let b = st(vec![id(1), id(2)]);
-    let dup = st(vec![id(1), id(1)]);
-    let claims = group_claims([(peers[0], &a), (peers[1], &b), (peers[2], &dup)]);
-    assert_eq!(claims.len(), 1);
+    let lists = |ids: Vec<ContributionId>| StatusLists {
+        formed_by: ids,
+        holding: vec![],
+    };
+    let (l21, l12, l13) = (
+        lists(vec![id(2), id(1)]),
+        lists(vec![id(1), id(2)]),
+        lists(vec![id(1), id(3)]),
+    );
+    let (a, b, c) = (st(&l21), st(&l12), st(&l13));
+    // One peer sent no lists, another the same set in another order; a third holds the same
+    // state formed by another set.
+    let claims = group_claims([
+        (peers[0], &a, None),
+        (peers[1], &b, Some(&l12)),
+        (peers[2], &c, None),
+    ]);
+    assert_eq!(claims.len(), 2, "{claims:?}");
     assert_eq!(claims[0].holders, vec![peers[0], peers[1]]);
-    assert_eq!(claims[0].formed_by, vec![id(1), id(2)]);
+    assert_eq!(claims[0].formed, 2);
+    assert_eq!(claims[0].formed_by, Some(vec![id(1), id(2)]));
+    assert_eq!(
+        (claims[1].holders.clone(), claims[1].formed_by.as_ref()),
+        (vec![peers[2]], None)
+    );
+    // Without any lists, a claim is still grouped and counted.
+    let claims = group_claims([(peers[0], &a, None), (peers[1], &b, None)]);
+    assert_eq!(claims.len(), 1);
+    assert_eq!((claims[0].formed, claims[0].formed_by.as_ref()), (2, None));
 }

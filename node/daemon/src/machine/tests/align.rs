@@ -12,7 +12,7 @@ fn a_node_waits_for_its_peers_then_trains() {
         0,
         Input::Status {
             from: pk(2),
-            status: status(0, h, Phase::Ready, 0),
+            status: status(0, h, Phase::Ready, 0).wire(),
         },
     );
     assert!(train_of(&outs).is_none());
@@ -22,7 +22,7 @@ fn a_node_waits_for_its_peers_then_trains() {
         0,
         Input::Status {
             from: pk(3),
-            status: status(0, h, Phase::Ready, 0),
+            status: status(0, h, Phase::Ready, 0).wire(),
         },
     );
     // It looks at its peers once more before training.
@@ -37,12 +37,12 @@ fn a_closed_window_pauses_and_an_open_one_resumes() {
     let outs = m.handle(10, Input::Window(false));
     assert!(train_of(&outs).is_none());
     assert_eq!(m.stage(), "paused");
-    assert_eq!(m.status().phase, Phase::Paused);
+    assert_eq!(m.status().0.phase, Phase::Paused);
     let outs = m.handle(5_000, Input::Window(true));
     // Back at once: peers count on it again before it has looked at them.
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Announce(s) if s.phase == Phase::Ready)),
+            .any(|o| matches!(o, Output::Announce(s, _) if s.phase == Phase::Ready)),
         "{outs:?}"
     );
     let more = answer_asks(&mut m, 5_000, &outs, |_| {
@@ -69,7 +69,7 @@ fn a_node_joins_the_round_under_way_for_the_time_left() {
             2_000,
             Input::Status {
                 from: *k,
-                status: status(0, g, Phase::Training, 2_000),
+                status: status(0, g, Phase::Training, 2_000).wire(),
             },
         );
     }
@@ -93,7 +93,7 @@ fn a_state_ahead_is_adopted_only_once_it_replays() {
     let g = m.hash();
     let a = contribution(2, 0, g, 0.2, 1);
     let next = formed_by_peer_two(g, &a);
-    let ahead = |hash: Hash32, at: Millis| Status {
+    let ahead = |hash: Hash32, at: Millis| St {
         formed_by: vec![ContributionId::of(&a)],
         ..status(1, hash, Phase::Ready, at)
     };
@@ -128,7 +128,7 @@ fn a_state_ahead_is_adopted_only_once_it_replays() {
         now,
         Input::Status {
             from: pk(2),
-            status: ahead(truth, now),
+            status: ahead(truth, now).wire(),
         },
     );
     let mut adopted = None;
@@ -170,7 +170,7 @@ fn an_unverified_better_state_holds_training_back_a_few_times() {
     let (mut m, _) = node(1);
     let g = m.hash();
     let a = contribution(2, 0, g, 0.2, 1);
-    let ahead = |at: Millis| Status {
+    let ahead = |at: Millis| St {
         formed_by: vec![ContributionId::of(&a)],
         ..status(1, Hash32::of(&[b"ahead"]), Phase::Ready, at)
     };
@@ -178,7 +178,7 @@ fn an_unverified_better_state_holds_training_back_a_few_times() {
         T0,
         Input::Status {
             from: pk(2),
-            status: ahead(T0),
+            status: ahead(T0).wire(),
         },
     );
     let mut now = T0;
@@ -238,7 +238,7 @@ fn a_fork_formed_by_more_contributions_replaces_ours_by_replay_from_the_state_be
     let (their_hash, formed) = formed_by_all(g, [&own, &a, &b]);
     assert_ne!(their_hash, ours.hash);
     // Both peers announce their θ(1): a fork of ours, preferred (three contributions to two).
-    let claim = |now: Millis| Status {
+    let claim = |now: Millis| St {
         formed_by: formed.clone(),
         ..status(1, their_hash, Phase::Ready, now)
     };
@@ -261,7 +261,7 @@ fn a_fork_formed_by_more_contributions_replaces_ours_by_replay_from_the_state_be
 
 #[test]
 fn the_budget_follows_the_median_node_not_the_slowest() {
-    use crate::machine::align::round_budget;
+    use crate::machine::align::after::round_budget;
     // Three nodes at 1000 tokens/s and one at 100: the slow one must not set the pace.
     assert_eq!(
         round_budget(vec![1000.0, 100.0, 1000.0, 1000.0], 10_000.0),
@@ -340,7 +340,7 @@ fn a_node_that_synced_without_speeds_looks_them_up_and_joins_the_round_late() {
     let g = m.hash();
     let a = contribution(2, 0, g, 0.2, 1);
     let truth = formed_by_peer_two(g, &a).hash();
-    let training = |at: Millis| Status {
+    let training = |at: Millis| St {
         formed_by: vec![ContributionId::of(&a)],
         ..status(1, truth, Phase::Training, at)
     };
@@ -349,13 +349,17 @@ fn a_node_that_synced_without_speeds_looks_them_up_and_joins_the_round_late() {
         now,
         Input::Status {
             from: pk(2),
-            status: training(now),
+            status: training(now).wire(),
         },
     );
     let mut all = vec![];
     for _ in 0..200 {
         let mut more = answer_asks(&mut m, now, &outs, |_| Some(training(now)));
-        if outs.iter().any(|o| matches!(o, Output::Fetch { .. })) {
+        if outs
+            .iter()
+            .chain(&more)
+            .any(|o| matches!(o, Output::Fetch { .. }))
+        {
             more.extend(m.handle(
                 now,
                 Input::Contribution {
@@ -457,7 +461,7 @@ fn after_its_last_round_a_node_waits_for_peers_still_collecting_it_and_adopts_th
     assert_eq!(m.stage(), "aligning");
     let (their_hash, formed) = formed_by_all(g, [&own, &a, &b]);
     assert_ne!(their_hash, ours.hash);
-    let claim = |now: Millis| Status {
+    let claim = |now: Millis| St {
         formed_by: formed.clone(),
         ..status(1, their_hash, Phase::Ready, now)
     };
@@ -475,4 +479,127 @@ fn after_its_last_round_a_node_waits_for_peers_still_collecting_it_and_adopts_th
     );
     assert!(finished, "the node did not finish after its last look");
     assert_eq!((m.round(), m.hash()), (1, their_hash));
+}
+
+#[test]
+fn a_claim_is_replayed_only_from_a_list_that_checks_and_passed_over_when_none_comes() {
+    let (mut m, _) = node(1);
+    let g = m.hash();
+    let a = contribution(2, 0, g, 0.2, 1);
+    let next = formed_by_peer_two(g, &a);
+    let claim = |at: Millis| St {
+        formed_by: vec![ContributionId::of(&a)],
+        ..status(1, next.hash(), Phase::Ready, at)
+    };
+    // Peer 2 announces θ(1) (an announcement carries no lists) and answers every look-up with
+    // its status alone: the node asks it for the list again and again, fetches nothing, and
+    // passes the claim over in the end.
+    let mut now = T0;
+    let mut all = m.handle(
+        now,
+        Input::Status {
+            from: pk(2),
+            status: claim(now).wire(),
+        },
+    );
+    let mut asked_lists = 0;
+    while now < T0 + REPLAY_FETCH_MS + 2_000 {
+        now += 100;
+        let outs = m.handle(now, Input::Tick);
+        for o in all.iter().chain(&outs) {
+            match o {
+                Output::AskStatuses(peers) | Output::AskLists(peers) => {
+                    asked_lists += usize::from(matches!(o, Output::AskLists(_)));
+                    for p in peers {
+                        m.handle(
+                            now,
+                            Input::StatusAnswer {
+                                from: *p,
+                                status: Some(claim(now).wire()),
+                                lists: None,
+                            },
+                        );
+                    }
+                }
+                Output::Fetch { .. } => panic!("fetched without a list: {o:?}"),
+                _ => {}
+            }
+        }
+        all = outs;
+        if notes(&all)
+            .iter()
+            .any(|n| matches!(n, Note::Rejected { .. }))
+        {
+            break;
+        }
+    }
+    assert!(asked_lists >= 2, "asked {asked_lists} times");
+    assert!(
+        notes(&all).iter().any(
+            |n| matches!(n, Note::Rejected { reason, .. } if reason.contains("no holder sent"))
+        ),
+        "{all:?}"
+    );
+    assert_eq!(m.round(), 0);
+
+    // Another node: lists that are not the ones the status commits to are dropped; the true
+    // ones start the replay (a fetch of the contribution they name), which adopts θ(1).
+    let (mut m, _) = node(1);
+    let now = T0;
+    let outs = m.handle(
+        now,
+        Input::Status {
+            from: pk(2),
+            status: claim(now).wire(),
+        },
+    );
+    let outs = [outs, m.handle(now + 10, Input::Tick)].concat();
+    assert!(
+        outs.iter().any(|o| matches!(o, Output::AskLists(_))),
+        "{outs:?}"
+    );
+    let other = contribution(2, 0, g, 0.9, 1);
+    let forged = Arc::new(StatusLists {
+        formed_by: vec![ContributionId::of(&other)],
+        holding: vec![],
+    });
+    let outs = m.handle(
+        now + 20,
+        Input::StatusAnswer {
+            from: pk(2),
+            status: Some(claim(now + 20).wire()),
+            lists: Some(forged),
+        },
+    );
+    let outs = [outs, m.handle(now + 30, Input::Tick)].concat();
+    assert!(
+        !outs.iter().any(|o| matches!(o, Output::Fetch { .. })),
+        "{outs:?}"
+    );
+    let outs = m.handle(
+        now + 40,
+        Input::StatusAnswer {
+            from: pk(2),
+            status: Some(claim(now + 40).wire()),
+            lists: Some(claim(now + 40).lists()),
+        },
+    );
+    let outs = [outs, m.handle(now + 50, Input::Tick)].concat();
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Fetch { sender, .. } if *sender == pk(2))),
+        "{outs:?}"
+    );
+    let outs = m.handle(
+        now + 60,
+        Input::Contribution {
+            from: pk(2),
+            envelope: a.clone(),
+        },
+    );
+    assert_eq!(
+        new_state(&outs).map(|n| n.hash),
+        Some(next.hash()),
+        "{outs:?}"
+    );
 }

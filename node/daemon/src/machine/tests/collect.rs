@@ -130,7 +130,7 @@ fn duplicate_late_and_early_contributions() {
         matches!(notes(&outs)[..], [Note::Refused { .. }]),
         "{outs:?}"
     );
-    assert_eq!(m.status().holding.len(), 2);
+    assert_eq!(m.status().0.holding, 2);
     // One for an earlier round (a base we do not hold): refused quietly, not counted.
     let late = contribution(3, 0, Hash32::of(&[b"old"]), 0.3, 3);
     let outs = m.handle(
@@ -141,7 +141,7 @@ fn duplicate_late_and_early_contributions() {
         },
     );
     assert!(matches!(notes(&outs)[..], [Note::Refused { .. }]));
-    assert_eq!(m.status().holding.len(), 2);
+    assert_eq!(m.status().0.holding, 2);
     // One for the next round: kept for then, not counted now.
     let early = contribution(3, 1, Hash32::of(&[b"next"]), 0.3, 3);
     m.handle(
@@ -151,7 +151,7 @@ fn duplicate_late_and_early_contributions() {
             envelope: early,
         },
     );
-    assert_eq!(m.status().holding.len(), 2);
+    assert_eq!(m.status().0.holding, 2);
     assert_eq!(m.stash.len(), 1);
 }
 
@@ -177,10 +177,7 @@ fn reconciling_fetches_what_a_peer_holds_and_we_lack() {
             Some(status(0, g, Phase::Collecting, now).with_holding(vec![pk(2), pk(9)]))
         });
         outs.extend(m.handle(now, Input::Tick));
-        if let Some(f) = outs.iter().find_map(|o| match o {
-            Output::Fetch { from, sender, .. } if *sender == pk(9) => Some(*from),
-            _ => None,
-        }) {
+        if let Some(f) = fetched_from(&outs, pk(9)) {
             fetched = Some(f);
             break;
         }
@@ -212,7 +209,7 @@ fn peers_on_another_state_are_not_waited_for() {
         T0 + 1_150,
         Input::Status {
             from: pk(3),
-            status: status(0, other, Phase::Training, T0 + 1_150),
+            status: status(0, other, Phase::Training, T0 + 1_150).wire(),
         },
     );
     let (at, _, _) = run_until_new_state(&mut m, T0 + 1_200, T0 + 100_000, |k, now| {
@@ -241,7 +238,7 @@ fn contributions_that_came_before_training_count_or_are_refused_once_it_ends() {
     assert_eq!(m.stash.len(), 3);
     let outs = collecting(&mut m, &keys);
     // This round's counts, the next round's waits, the far one is refused.
-    assert_eq!(m.status().holding.len(), 2, "{outs:?}");
+    assert_eq!(m.status().0.holding, 2, "{outs:?}");
     assert_eq!(m.stash.len(), 1);
     assert!(
         matches!(notes(&outs)[..], [Note::Refused { round: 0, reason, .. }] if reason.contains("round 7")),
@@ -261,7 +258,7 @@ fn a_peer_that_dies_during_the_round_is_still_expected_in_it() {
             T0 + 10,
             Input::Status {
                 from: *k,
-                status: status(0, h, Phase::Training, T0 + 10),
+                status: status(0, h, Phase::Training, T0 + 10).wire(),
             },
         );
     }
@@ -298,7 +295,7 @@ fn a_peer_whose_last_status_we_missed_is_looked_at_again_instead_of_waited_for()
         T0 + 1_150,
         Input::Status {
             from: pk(3),
-            status: status(0, g, Phase::Ready, T0 + 1_150),
+            status: status(0, g, Phase::Ready, T0 + 1_150).wire(),
         },
     );
     let (at, n, _) = run_until_new_state(&mut m, T0 + 1_200, T0 + 200_000, |k, now| {
@@ -316,4 +313,58 @@ fn a_peer_whose_last_status_we_missed_is_looked_at_again_instead_of_waited_for()
     );
     let How::Stepped(s) = &n.how else { panic!() };
     assert_eq!(s.contributors, 2);
+}
+
+#[test]
+fn only_peers_whose_sets_differ_from_ours_are_asked_for_their_lists() {
+    let (mut m, keys) = node(2);
+    let g = m.hash();
+    let outs = collecting(&mut m, &keys);
+    let (_, _, b) = own_and_two_more(&mut m, &outs, g);
+    m.handle(
+        T0 + 1_200,
+        Input::Contribution {
+            from: pk(3),
+            envelope: b,
+        },
+    );
+    let same = vec![m.key(), pk(2), pk(3)];
+    let more = [same.clone(), vec![pk(9)]].concat();
+    // Peer 2 holds what we hold; peer 3 also holds peer 9's (9 is not connected to us).
+    let answer = |k: &Key, now: Millis| {
+        let holding = if *k == pk(3) {
+            more.clone()
+        } else {
+            same.clone()
+        };
+        Some(status(0, g, Phase::Collecting, now).with_holding(holding))
+    };
+    let mut now = T0 + 1_100;
+    let mut asked: Vec<Key> = vec![];
+    let mut fetched = None;
+    let mut pending = vec![];
+    for _ in 0..40 {
+        now += CONFIRM_MS;
+        let mut outs = answer_asks(&mut m, now, &pending, |k| answer(k, now));
+        outs.extend(m.handle(now, Input::Tick));
+        for o in pending.iter().chain(&outs) {
+            if let Output::AskLists(peers) = o {
+                asked.extend(peers);
+            }
+        }
+        if let Some(f) = fetched_from(&outs, pk(9)) {
+            fetched = Some(f);
+            break;
+        }
+        pending = outs;
+    }
+    assert!(
+        !asked.is_empty() && asked.iter().all(|k| *k == pk(3)),
+        "{asked:?}"
+    );
+    assert_eq!(
+        fetched,
+        Some(pk(3)),
+        "fetched from the peer whose list names it"
+    );
 }

@@ -60,8 +60,43 @@ fn config(min_peers: usize) -> Config {
     }
 }
 
-fn status(round: u64, hash: Hash32, phase: Phase, at: Millis) -> Status {
-    Status {
+/// A peer's status as the tests write it: with the lists it commits to.
+#[derive(Clone, Debug)]
+struct St {
+    role: NodeRole,
+    phase: Phase,
+    round: u64,
+    state_hash: Hash32,
+    formed_by: Vec<ContributionId>,
+    holding: Vec<Key>,
+    unix_ms: Millis,
+}
+
+impl St {
+    fn lists(&self) -> Arc<StatusLists> {
+        Arc::new(StatusLists {
+            formed_by: self.formed_by.clone(),
+            holding: self.holding.clone(),
+        })
+    }
+
+    /// The status that goes on the wire (lists only counted and committed to).
+    fn wire(&self) -> Status {
+        Status {
+            unix_ms: self.unix_ms,
+            ..Status::summarizing(
+                self.role,
+                self.phase,
+                self.round,
+                self.state_hash,
+                &self.lists(),
+            )
+        }
+    }
+}
+
+fn status(round: u64, hash: Hash32, phase: Phase, at: Millis) -> St {
+    St {
         role: NodeRole::Trainer,
         phase,
         round,
@@ -127,7 +162,7 @@ fn formed_by_all(g: Hash32, contributions: [&SignedEnvelope; 3]) -> (Hash32, Vec
 /// Peer 2 says it holds θ(1) `hash`, formed by its contribution `a`; the node hears it at `T0`,
 /// looks at its peers (peer 2 answers with the same claim) and acts. Every output.
 fn peer_two_claims(m: &mut RoundMachine, hash: Hash32, a: &SignedEnvelope) -> Vec<Output> {
-    let claim = |at: Millis| Status {
+    let claim = |at: Millis| St {
         formed_by: vec![ContributionId::of(a)],
         ..status(1, hash, Phase::Ready, at)
     };
@@ -135,11 +170,12 @@ fn peer_two_claims(m: &mut RoundMachine, hash: Hash32, a: &SignedEnvelope) -> Ve
         T0,
         Input::Status {
             from: pk(2),
-            status: claim(T0),
+            status: claim(T0).wire(),
         },
     );
     let outs = m.handle(T0 + 10, Input::Tick);
-    let more = answer_asks(m, T0 + 10, &outs, |_| Some(claim(T0 + 10)));
+    let asked = [first.clone(), outs.clone()].concat();
+    let more = answer_asks(m, T0 + 10, &asked, |_| Some(claim(T0 + 10)));
     [first, outs, more].concat()
 }
 
@@ -160,32 +196,55 @@ fn node_with(cfg: Config, peers: u8) -> (RoundMachine, Vec<Key>) {
             0,
             Input::Status {
                 from: *k,
-                status: status(0, h, Phase::Ready, 0),
+                status: status(0, h, Phase::Ready, 0).wire(),
             },
         );
     }
     (m, keys)
 }
 
-/// Answers every status look-up in `outs` with what `answer` gives for each peer.
+/// Answers every status look-up in `outs` with what `answer` gives for each peer (with its
+/// lists when they were asked for), and the look-ups that those answers lead to.
 fn answer_asks(
     m: &mut RoundMachine,
     now: Millis,
     outs: &[Output],
-    answer: impl Fn(&Key) -> Option<Status>,
+    answer: impl Fn(&Key) -> Option<St>,
+) -> Vec<Output> {
+    let mut all = vec![];
+    let mut more = answer_once(m, now, outs, &answer);
+    for _ in 0..4 {
+        let next = answer_once(m, now, &more, &answer);
+        all.append(&mut more);
+        more = next;
+    }
+    all.append(&mut more);
+    all
+}
+
+fn answer_once(
+    m: &mut RoundMachine,
+    now: Millis,
+    outs: &[Output],
+    answer: &impl Fn(&Key) -> Option<St>,
 ) -> Vec<Output> {
     let mut more = vec![];
     for o in outs {
-        if let Output::AskStatuses(peers) = o {
-            for p in peers {
-                more.extend(m.handle(
-                    now,
-                    Input::StatusAnswer {
-                        from: *p,
-                        status: answer(p),
-                    },
-                ));
-            }
+        let (peers, with_lists) = match o {
+            Output::AskStatuses(peers) => (peers, false),
+            Output::AskLists(peers) => (peers, true),
+            _ => continue,
+        };
+        for p in peers {
+            let st = answer(p);
+            more.extend(m.handle(
+                now,
+                Input::StatusAnswer {
+                    from: *p,
+                    status: st.as_ref().map(St::wire),
+                    lists: st.filter(|_| with_lists).map(|s| s.lists()),
+                },
+            ));
         }
     }
     more
@@ -196,6 +255,16 @@ fn train_of(outs: &[Output]) -> Option<(u64, Option<Millis>)> {
         Output::Train {
             round, budget_ms, ..
         } => Some((*round, *budget_ms)),
+        _ => None,
+    })
+}
+
+/// The peer asked for `sender`'s contribution in `outs`, if any.
+fn fetched_from(outs: &[Output], sender: Key) -> Option<Key> {
+    outs.iter().find_map(|o| match o {
+        Output::Fetch {
+            from, sender: s, ..
+        } if *s == sender => Some(*from),
         _ => None,
     })
 }
@@ -229,7 +298,7 @@ fn collecting(m: &mut RoundMachine, keys: &[Key]) -> Vec<Output> {
             T0 + 10,
             Input::Status {
                 from: *k,
-                status: status(0, h, Phase::Training, T0 + 10),
+                status: status(0, h, Phase::Training, T0 + 10).wire(),
             },
         );
     }
@@ -269,7 +338,7 @@ fn own_and_two_more(
 trait WithHolding {
     fn with_holding(self, h: Vec<Key>) -> Self;
 }
-impl WithHolding for Status {
+impl WithHolding for St {
     fn with_holding(mut self, h: Vec<Key>) -> Self {
         self.holding = h;
         self
@@ -282,7 +351,7 @@ fn follow_claim(
     m: &mut RoundMachine,
     mut now: Millis,
     keys: &[Key],
-    claim: impl Fn(Millis) -> Status,
+    claim: impl Fn(Millis) -> St,
     (a, b): (&Arc<SignedEnvelope>, &Arc<SignedEnvelope>),
     mut done: impl FnMut(&[Output]) -> bool,
 ) -> bool {
@@ -292,7 +361,7 @@ fn follow_claim(
             now,
             Input::Status {
                 from: *k,
-                status: claim(now),
+                status: claim(now).wire(),
             },
         ));
     }
@@ -326,7 +395,7 @@ fn run_until_new_state(
     m: &mut RoundMachine,
     mut now: Millis,
     until: Millis,
-    answer: impl Fn(&Key, Millis) -> Option<Status>,
+    answer: impl Fn(&Key, Millis) -> Option<St>,
 ) -> Option<(Millis, NewState, Vec<Note>)> {
     let mut seen = vec![];
     let mut pending: Vec<Output> = vec![];

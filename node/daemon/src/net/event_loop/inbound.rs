@@ -167,6 +167,13 @@ impl EventLoop {
                 Some(s) => Response::Status((**s).clone()),
                 None => Response::Refused("not ready".into()),
             },
+            Request::GetStatusLists => match (&served.status, &served.status_lists) {
+                (Some(s), Some(l)) => Response::StatusLists {
+                    status: (**s).clone(),
+                    lists: (**l).clone(),
+                },
+                _ => Response::Refused("not ready".into()),
+            },
             Request::GetContribution { round, sender } => Response::Contribution(
                 served
                     .contributions

@@ -1,0 +1,128 @@
+//! What the machine knows of its peers: their statuses, the lists those commit to, and the
+//! look-ups that refresh them.
+
+use super::*;
+
+impl RoundMachine {
+    /// Records a peer's status unless we hold a newer one from it.
+    pub(super) fn note_status(
+        &mut self,
+        now: Millis,
+        from: Key,
+        status: Status,
+        lists: Option<Arc<StatusLists>>,
+    ) {
+        let p = self.peers.entry(from).or_default();
+        if p.status
+            .as_ref()
+            .is_some_and(|old| old.unix_ms > status.unix_ms)
+        {
+            return;
+        }
+        // The lists it sent now once they check against the status (hashed once, here), or
+        // those it sent before while its status still commits to the same ones (a phase change
+        // keeps them).
+        let same = |old: &Status| {
+            (old.formed, old.formed_root, old.holding, old.holding_root)
+                == (
+                    status.formed,
+                    status.formed_root,
+                    status.holding,
+                    status.holding_root,
+                )
+        };
+        p.lists = match lists {
+            Some(l) => Some(l).filter(|l| l.matches(&status)),
+            None => p
+                .lists
+                .take()
+                .filter(|_| p.status.as_ref().is_some_and(same)),
+        };
+        if status.phase == Phase::Training && status.role == NodeRole::Trainer {
+            self.round_started.entry(status.round).or_insert(now);
+            let keep = status.round.saturating_sub(2);
+            self.round_started.retain(|r, _| *r >= keep);
+        }
+        p.status = Some(status);
+    }
+
+    pub(super) fn answered(&mut self, from: Key) {
+        if let Some((waiting, _)) = &mut self.asking {
+            waiting.remove(&from);
+            if waiting.is_empty() {
+                self.asking = None;
+            }
+        }
+    }
+
+    /// Asks `peers` for their statuses with the lists they commit to; with `wait`, the stages
+    /// that need fresh statuses wait for the answers (at most [`LOOKUP_MS`]).
+    pub(super) fn ask_lists(&mut self, now: Millis, peers: Vec<Key>, wait: bool) {
+        if peers.is_empty() {
+            return;
+        }
+        if wait {
+            let waiting = match self.asking.take() {
+                Some((mut w, until)) if now < until => {
+                    w.extend(peers.iter().copied());
+                    w
+                }
+                _ => peers.iter().copied().collect(),
+            };
+            self.asking = Some((waiting, now + LOOKUP_MS));
+        }
+        self.out.push(Output::AskLists(peers));
+    }
+
+    /// The lists a peer's current status commits to, when it sent them.
+    pub(super) fn lists_of(&self, k: &Key) -> Option<&Arc<StatusLists>> {
+        self.peers.get(k)?.lists.as_ref()
+    }
+
+    /// Asks every connected peer for its status; the stages that need fresh statuses wait for
+    /// the answers (at most [`LOOKUP_MS`]).
+    pub(super) fn refresh_statuses(&mut self, now: Millis) {
+        let peers: Vec<Key> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.connected)
+            .map(|(k, _)| *k)
+            .collect();
+        if peers.is_empty() {
+            return;
+        }
+        self.asking = Some((peers.iter().copied().collect(), now + LOOKUP_MS));
+        self.out.push(Output::AskStatuses(peers));
+    }
+
+    pub(super) fn refreshing(&self) -> bool {
+        self.asking.is_some()
+    }
+
+    /// Connected trainer peers that have not left, with their statuses.
+    pub(super) fn trainer_peers(&self) -> impl Iterator<Item = (&Key, &Status)> {
+        self.peers.iter().filter_map(|(k, p)| {
+            let s = p.status.as_ref()?;
+            (p.connected && s.role == NodeRole::Trainer && s.phase != Phase::Done).then_some((k, s))
+        })
+    }
+
+    /// Trainer peers that are not paused.
+    pub(super) fn live_peers(&self) -> usize {
+        self.trainer_peers()
+            .filter(|(_, s)| s.phase != Phase::Paused)
+            .count()
+    }
+
+    /// Peers working on round `r` from our state (about to train, training or collecting): the
+    /// ones whose contributions our round can count. A peer on another state of the round sends
+    /// contributions we refuse, so nobody waits for it.
+    pub(super) fn working_on(&self, r: u64) -> impl Iterator<Item = (&Key, &Status)> {
+        let ours = self.hash;
+        self.trainer_peers().filter(move |(_, s)| {
+            s.round == r
+                && s.state_hash == ours
+                && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting)
+        })
+    }
+}
