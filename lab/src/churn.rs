@@ -128,6 +128,9 @@ pub struct ChurnRun {
     pub yields: usize,
     pub yield_p50_ms: Option<f64>,
     pub yield_p99_ms: Option<f64>,
+    /// Windows that closed while the node was not training (it paused without a step to stop).
+    #[serde(default)]
+    pub pauses: usize,
     pub partial_contributions: usize,
     /// SIGKILLed node: from its restart to running again, and to its next contribution.
     pub restart_secs: Option<f64>,
@@ -174,6 +177,7 @@ fn summarize(
     let mut first: BTreeMap<u64, (u64, Option<f32>, u64, usize)> = BTreeMap::new();
     let mut yields = vec![];
     let mut partial = 0;
+    let mut pauses = 0;
     for ev in events {
         for (at, e) in ev {
             match e {
@@ -198,6 +202,7 @@ fn summarize(
                         partial += 1;
                     }
                 }
+                NodeEvent::Paused { .. } => pauses += 1,
                 _ => {}
             }
         }
@@ -229,7 +234,9 @@ fn summarize(
     let forks: usize = nightshift_node::events::forks_per_round(plain.iter().map(Vec::as_slice))
         .values()
         .sum();
-    // The state each node ended each round on (its last completion or sync of it).
+    // The state each node ended each round on (its last completion or sync of it). A state
+    // the node left by syncing a peer's state of that round or a later one is no longer its
+    // history (a fork repaired, counted in `forks`), so it is not compared.
     let mut last: BTreeMap<u64, BTreeMap<usize, &str>> = BTreeMap::new();
     for (i, ev) in plain.iter().enumerate() {
         for e in ev {
@@ -240,6 +247,9 @@ fn summarize(
                 NodeEvent::Synced {
                     round, state_hash, ..
                 } => {
+                    for (_, m) in last.range_mut(..*round) {
+                        m.remove(&i);
+                    }
                     last.entry(*round).or_default().insert(i, state_hash);
                 }
                 _ => {}
@@ -313,6 +323,7 @@ fn summarize(
         yields: yields.len(),
         yield_p50_ms: percentile(&mut yields.clone(), 0.5),
         yield_p99_ms: percentile(&mut yields, 0.99),
+        pauses,
         partial_contributions: partial,
         restart_secs,
         recovery_secs,
@@ -321,6 +332,8 @@ fn summarize(
 }
 
 /// The highest round node events show as held (completed or synced).
+/// The round of the state a node holds now: that of its last completion or sync (a repair
+/// can take it back to an older round than it completed before).
 fn held_round(ev: &[(u64, NodeEvent)]) -> u64 {
     ev.iter()
         .filter_map(|(_, e)| match e {
@@ -328,7 +341,7 @@ fn held_round(ev: &[(u64, NodeEvent)]) -> u64 {
             NodeEvent::Synced { round, .. } => Some(*round),
             _ => None,
         })
-        .max()
+        .next_back()
         .unwrap_or(0)
 }
 

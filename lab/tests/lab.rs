@@ -57,7 +57,10 @@ fn churn_reports_yields_joins_and_no_lost_rounds() {
     ] {
         assert!(churn.get(field).is_some(), "no {field} in {churn}");
     }
-    assert!(churn["yields"].as_u64().unwrap() > 0, "{churn}");
+    // Windows closed and the nodes gave the machine back: mid-training (a yield, timed) or
+    // between rounds (a pause), as the cycles fell.
+    let gave_back = churn["yields"].as_u64().unwrap() + churn["pauses"].as_u64().unwrap();
+    assert!(gave_back > 0, "{churn}");
     assert_eq!(churn["rounds_lost"], 0);
     assert_eq!(churn["rounds_disagreeing"], 0);
     assert!(churn["forks"].as_u64().is_some(), "{churn}");

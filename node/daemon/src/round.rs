@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::events::{EventSink, NodeEvent};
 use crate::idle::Availability;
@@ -570,7 +570,16 @@ impl<B: AutodiffBackend> Driver<B> {
         let trained = matches!(input, Input::Trained(_));
         // Verifying contributions, replaying a round or taking the outer step can take a while
         // on a large model: the network keeps running on the other threads meanwhile.
+        let stage = self.m.stage();
         let outputs = tokio::task::block_in_place(|| self.m.handle(now, input));
+        if self.m.stage() != stage {
+            debug!(
+                round = self.m.round(),
+                from = stage,
+                to = self.m.stage(),
+                "stage"
+            );
+        }
         if trained && let Some(r) = self.round.as_mut() {
             r.encode_secs = t0.elapsed().as_secs_f64();
             r.collect_from = Some(Instant::now());

@@ -209,6 +209,8 @@ pub struct RoundMachine {
     round_started: BTreeMap<u64, Millis>,
     /// Status look-ups still unanswered, and until when they are waited for.
     asking: Option<(BTreeSet<Key>, Millis)>,
+    /// When every peer was last asked for its status.
+    refreshed_at: Millis,
     available: bool,
     stage: Stage,
     just_synced: bool,
@@ -251,6 +253,7 @@ impl RoundMachine {
             rejected: Rejections::default(),
             round_started: BTreeMap::new(),
             asking: None,
+            refreshed_at: 0,
             available: true,
             stage: Stage::Starting,
             just_synced: false,
@@ -454,6 +457,10 @@ impl RoundMachine {
                 Stage::Starting => {
                     if self.done() || self.live_peers() >= self.cfg.min_peers {
                         self.begin_round(now);
+                    } else if tick && now >= self.refreshed_at + STATUS_REFRESH_MS {
+                        // A greeting lost (or one that never came: a peer that restarted
+                        // under its key) must not keep us waiting: ask now and then.
+                        self.refresh_statuses(now);
                     }
                 }
                 Stage::Aligning { until, finish } => {

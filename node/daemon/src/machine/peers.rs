@@ -88,6 +88,7 @@ impl RoundMachine {
             .filter(|(_, p)| p.connected)
             .map(|(k, _)| *k)
             .collect();
+        self.refreshed_at = now;
         if peers.is_empty() {
             return;
         }

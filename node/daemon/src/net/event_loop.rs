@@ -596,10 +596,11 @@ impl EventLoop {
                 ..
             } => {
                 self.on_connection(peer_id, connection_id, &endpoint);
-                if num_established.get() == 1 {
-                    debug!(peer = %peer_id, "connected");
-                    self.forward(NetEvent::PeerConnected(peer_id));
-                }
+                debug!(peer = %peer_id, connections = num_established.get(), "connected");
+                // Every new connection, not only the first: a peer that restarted under the
+                // same key dials in while our connection to its old process (over QUIC, with
+                // no close to notice) still counts, and it must be greeted again.
+                self.forward(NetEvent::PeerConnected(peer_id));
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,

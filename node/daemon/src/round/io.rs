@@ -107,9 +107,13 @@ impl NetIo {
                 })
                 .into_iter()
                 .collect(),
+            // Each new connection greets the peer again (it may be a restarted process).
             NetEvent::PeerConnected(peer) => match key(&peer) {
-                Some(k) if self.connected.insert(k) => vec![Input::Connected(k)],
-                _ => vec![],
+                Some(k) => {
+                    self.connected.insert(k);
+                    vec![Input::Connected(k)]
+                }
+                None => vec![],
             },
             NetEvent::PeerDisconnected(peer) => match key(&peer) {
                 Some(k) => {

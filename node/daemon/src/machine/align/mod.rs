@@ -146,6 +146,12 @@ impl RoundMachine {
                         && c.formed_root == claim.formed_root
                 };
                 let claims = self.claims();
+                if !claims.iter().any(same) {
+                    // Every holder moved on (or left): its list will not come; the states they
+                    // moved to are the next candidates.
+                    self.attempt_failed(now, "its holders moved on".into(), false);
+                    return;
+                }
                 let listed = claims
                     .iter()
                     .find(|c| same(c) && c.formed_by.is_some())

@@ -603,3 +603,94 @@ fn a_claim_is_replayed_only_from_a_list_that_checks_and_passed_over_when_none_co
         "{outs:?}"
     );
 }
+
+#[test]
+fn a_claim_whose_holders_moved_on_is_passed_over_at_once() {
+    let (mut m, _) = node(1);
+    let g = m.hash();
+    let a = contribution(2, 0, g, 0.2, 1);
+    let next = formed_by_peer_two(g, &a);
+    let claim = St {
+        formed_by: vec![ContributionId::of(&a)],
+        ..status(1, next.hash(), Phase::Ready, T0)
+    };
+    // Peer 2 announces θ(1) (no lists in an announcement): the node asks for the list.
+    let mut outs = m.handle(
+        T0,
+        Input::Status {
+            from: pk(2),
+            status: claim.wire(),
+        },
+    );
+    outs.extend(m.handle(T0 + 10, Input::Tick));
+    assert!(
+        outs.iter().any(|o| matches!(o, Output::AskLists(_))),
+        "{outs:?}"
+    );
+    // Before the list comes, peer 2 trains the next round on another state (its own θ(1)
+    // replaced, say): nobody holds the claim any more, and its list will never come. The
+    // node gives it up now, not after the whole wait for a list.
+    let moved = status(2, Hash32::of(&[b"elsewhere"]), Phase::Training, T0 + 20);
+    outs = m.handle(
+        T0 + 20,
+        Input::Status {
+            from: pk(2),
+            status: moved.wire(),
+        },
+    );
+    outs.extend(m.handle(T0 + 30, Input::Tick));
+    assert!(
+        notes(&outs)
+            .iter()
+            .any(|n| matches!(n, Note::Rejected { reason, .. } if reason.contains("moved on"))),
+        "{outs:?}"
+    );
+}
+
+#[test]
+fn a_starting_node_asks_again_for_statuses_that_never_came() {
+    // A peer is connected but its greeting never came (lost, or it restarted under its key
+    // while our connection to its old process still stood): the node does not wait for it
+    // forever but asks, and starts once the answer shows a live trainer.
+    let mut m = RoundMachine::new(config(1), genesis());
+    let h = m.hash();
+    m.handle(0, Input::Start);
+    let outs = m.handle(0, Input::Connected(pk(2)));
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Greet(k) if *k == pk(2)))
+    );
+    let mut asked = vec![];
+    let mut now = 0;
+    while now < 2 * STATUS_REFRESH_MS {
+        now += 100;
+        let outs = m.handle(now, Input::Tick);
+        asked.extend(outs.iter().filter_map(|o| match o {
+            Output::AskStatuses(p) => Some((now, p.clone())),
+            _ => None,
+        }));
+        assert_eq!(m.stage(), "starting");
+        // No answer: the look-up is lost too.
+    }
+    assert!(asked.len() >= 2, "asked {asked:?}");
+    assert!(asked.iter().all(|(_, p)| p == &vec![pk(2)]), "{asked:?}");
+    let gaps: Vec<Millis> = asked.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    assert!(gaps.iter().all(|g| *g >= STATUS_REFRESH_MS), "{gaps:?}");
+    // The answer comes: the node begins its round.
+    m.handle(
+        now,
+        Input::StatusAnswer {
+            from: pk(2),
+            status: Some(status(0, h, Phase::Collecting, now).wire()),
+            lists: None,
+        },
+    );
+    m.handle(now + 10, Input::Tick);
+    assert_ne!(m.stage(), "starting");
+    // A second connection from the same peer (a restart) is greeted again.
+    let outs = m.handle(now + 20, Input::Connected(pk(2)));
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Greet(k) if *k == pk(2)))
+    );
+}
