@@ -130,6 +130,9 @@ pub(super) struct Combining {
     asked: BTreeMap<u32, (Vec<Key>, usize, Millis)>,
     /// Slices asked of their reducers once already (not asked again).
     asked_once: BTreeSet<u32>,
+    /// When each reduced slice asked for was last sent for (a lost request is sent again
+    /// after [`HEDGE_MS`], not left until [`SLICE_FETCH_MS`]).
+    reduced_sent: BTreeMap<u32, Millis>,
     /// The base state's noise ratio (the step's input).
     noise: Option<f64>,
     started: Millis,
@@ -197,6 +200,7 @@ impl Combining {
             sources: sources.clone(),
             asked: BTreeMap::new(),
             asked_once: BTreeSet::new(),
+            reduced_sent: BTreeMap::new(),
             noise,
             started: now,
             until: now,
@@ -503,6 +507,26 @@ impl Combining {
     ) -> Outcome {
         let me = key.verifying_key().to_bytes();
         self.ask(now, out);
+        // Reduced slices asked for and not answered: asked again of the same source now and
+        // then (the first answer counts; a second "not found" from it is ignored).
+        let hedge = HEDGE_MS + self.slack / 2;
+        let resend: Vec<(u32, Key)> = self
+            .asked
+            .iter()
+            .filter(|(j, (_, _, at))| {
+                let last = self.reduced_sent.get(j).map_or(*at, |t| (*t).max(*at));
+                now >= last + hedge
+            })
+            .filter_map(|(j, (sources, i, _))| Some((*j, *sources.get(*i)?)))
+            .collect();
+        for (j, from) in resend {
+            out.push(Output::FetchReduced {
+                from,
+                round: self.rules.round,
+                index: j,
+            });
+            self.reduced_sent.insert(j, now);
+        }
         let timed_out: Vec<(u32, Key)> = self
             .asked
             .iter()
@@ -650,3 +674,6 @@ impl Combining {
 
 mod round;
 pub(super) use round::CombineStage;
+
+#[cfg(test)]
+mod tests;
