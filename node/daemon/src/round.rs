@@ -413,7 +413,7 @@ impl<B: AutodiffBackend> Driver<B> {
             role: NodeRole::Trainer,
             overlap: opts.overlap,
         };
-        let mut rm = RoundMachine::new(machine_cfg, state);
+        let mut rm = RoundMachine::new(machine_cfg, state).with_own_slices(own);
         if let Some(p) = prev {
             rm = rm.with_prev(p);
         }

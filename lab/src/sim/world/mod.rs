@@ -504,7 +504,15 @@ impl World {
             ..self.template.clone()
         };
         let state = (*n.checkpoint).clone();
-        let mut m = RoundMachine::new(cfg, state);
+        // Its own slices are on its disk (kept through the crash), as `nightshift run` has them.
+        let own_key = cfg.key.verifying_key().to_bytes();
+        let own: Vec<Arc<Slice>> = n
+            .slices
+            .iter()
+            .filter(|((_, id, _), _)| id.sender == own_key)
+            .map(|(_, s)| s.clone())
+            .collect();
+        let mut m = RoundMachine::new(cfg, state).with_own_slices(own);
         if let Some(p) = &n.previous {
             m = m.with_prev((**p).clone());
         }

@@ -281,6 +281,32 @@ impl RoundMachine {
         self
     }
 
+    /// The machine of a node that restarts after sending slices of its contribution (kept on
+    /// disk): if it trains that round again, the contribution already sent stands, so that no
+    /// peer ever holds two of ours for one round. Only the newest round's slices count.
+    pub fn with_own_slices(mut self, slices: Vec<Arc<Slice>>) -> Self {
+        let Some(round) = slices.iter().map(|s| s.envelope.header.round).max() else {
+            return self;
+        };
+        let mut newest: Vec<Arc<Slice>> = slices
+            .into_iter()
+            .filter(|s| s.envelope.header.round == round)
+            .collect();
+        newest.sort_by_key(|s| s.index);
+        let one = newest
+            .first()
+            .map(|f| ContributionId::of(&f.envelope))
+            .is_some_and(|id| newest.iter().all(|s| ContributionId::of(&s.envelope) == id));
+        if one
+            && newest
+                .first()
+                .is_some_and(|f| f.envelope.header.sender == self.me)
+        {
+            self.own_slices = Some((round, newest));
+        }
+        self
+    }
+
     /// The round this node holds θ of.
     pub fn round(&self) -> u64 {
         self.state.round

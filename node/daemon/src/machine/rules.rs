@@ -34,6 +34,8 @@ use nightshift_protocol::slices::{Averaging, MAX_SLICES};
 pub const MAX_HOLDERS_ASKED: usize = 3;
 /// Most contributions a round of an open swarm counts.
 pub const MAX_OPEN_CONTRIBUTORS: usize = 256;
+/// Slices of an open swarm's round 0 when the recipe names no count.
+pub const FIRST_ROUND_SLICES: usize = 16;
 /// Most candidate states tried per alignment (each may cost a look-up per contribution).
 pub const MAX_CANDIDATES: usize = 4;
 
@@ -148,13 +150,19 @@ impl Recipe {
     /// How the round that starts from `base` cuts its contributions, when the swarm averages
     /// slice by slice: the recipe's slice count, or (when it names none) one slice per
     /// contributor to `base` — about the round's reducers — as many as the model's blocks
-    /// allow (one at round 0).
+    /// allow. Round 0 has no contributors to count: a private swarm cuts it for its members,
+    /// an open one into [`FIRST_ROUND_SLICES`] (one slice would make one node the reducer of
+    /// every contribution).
     pub fn round_slicing(&self, base: &StateSnapshot) -> Option<Slicing> {
         let s = self.slicing?;
         if s.slices > 0 {
             return Some(s);
         }
-        let want = base.formed_by.len().clamp(1, MAX_SLICES as usize) as u32;
+        let contributors = match base.formed_by.len() {
+            0 => self.allowlist.as_ref().map_or(FIRST_ROUND_SLICES, Vec::len),
+            n => n,
+        };
+        let want = contributors.clamp(1, MAX_SLICES as usize) as u32;
         (1..=want)
             .rev()
             .map(|slices| Slicing { slices, ..s })

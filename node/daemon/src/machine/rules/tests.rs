@@ -274,3 +274,47 @@ fn statuses_group_into_claims_by_root_and_a_claim_takes_the_list_of_any_holder()
     assert_eq!(claims.len(), 1);
     assert_eq!((claims[0].formed, claims[0].formed_by.as_ref()), (2, None));
 }
+
+#[test]
+fn round_zero_is_cut_for_the_members_or_into_a_fixed_count_not_into_one_slice() {
+    let sliced = |members: Option<Vec<[u8; 32]>>| Recipe {
+        num_params: 4096,
+        shapes: Arc::new(vec![vec![4096]]),
+        slicing: Some(Slicing {
+            slices: 0,
+            mean_codec: DeltaCodec::Fp32,
+        }),
+        ..recipe(members, 0)
+    };
+    let state = |formed: usize| StateSnapshot {
+        round: u64::from(formed > 0),
+        params: vec![0.0; 4096],
+        momentum: vec![0.0; 4096],
+        formed_by: (0..formed as u8)
+            .map(|i| ContributionId {
+                sender: [i; 32],
+                digest: Hash32::of(&[&[i]]),
+            })
+            .collect(),
+        noise: None,
+    };
+    let slices = |r: &Recipe, s: &StateSnapshot| r.round_slicing(s).map(|s| s.slices);
+    // Round 0 has no contributors to count: a private swarm cuts it for its members, an open
+    // one into FIRST_ROUND_SLICES; later rounds for the contributors that formed their base.
+    let private = sliced(Some((1..=5).map(|i| [i; 32]).collect()));
+    assert_eq!(slices(&private, &state(0)), Some(5));
+    assert_eq!(slices(&private, &state(3)), Some(3));
+    let open = sliced(None);
+    assert_eq!(slices(&open, &state(0)), Some(FIRST_ROUND_SLICES as u32));
+    assert_eq!(slices(&open, &state(7)), Some(7));
+    // A recipe that names a count keeps it; one that averages whole contributions cuts none.
+    let fixed = Recipe {
+        slicing: Some(Slicing {
+            slices: 2,
+            mean_codec: DeltaCodec::Fp32,
+        }),
+        ..sliced(None)
+    };
+    assert_eq!(slices(&fixed, &state(0)), Some(2));
+    assert_eq!(slices(&recipe(None, 0), &state(0)), None);
+}

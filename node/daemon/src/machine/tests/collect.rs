@@ -368,3 +368,66 @@ fn only_peers_whose_sets_differ_from_ours_are_asked_for_their_lists() {
         "fetched from the peer whose list names it"
     );
 }
+
+#[test]
+fn a_node_restarted_after_sending_its_slices_sends_the_same_contribution_again() {
+    let sliced = || Config {
+        recipe: Arc::new(Recipe {
+            slicing: Some(sliced::Slicing {
+                slices: 2,
+                mean_codec: DeltaCodec::Fp32,
+            }),
+            ..recipe()
+        }),
+        ..config(1)
+    };
+    // Round 0 trained once: its slices are held (and kept on disk), its header pushed.
+    let (mut m, keys) = node_with(sliced(), 1);
+    let outs = collecting(&mut m, &keys);
+    let held: Vec<Arc<Slice>> = outs
+        .iter()
+        .find_map(|o| match o {
+            Output::HoldSlices(s) => Some(s.clone()),
+            _ => None,
+        })
+        .expect("slices held");
+    let first = outs
+        .iter()
+        .find_map(|o| match o {
+            Output::Push { envelope, .. } => Some(ContributionId::of(envelope)),
+            _ => None,
+        })
+        .expect("header pushed");
+    // The node crashes and trains round 0 again from the same state, to other values. Its
+    // peers may hold the first contribution already: with its slices back from disk it sends
+    // that one again; without them, a second one of its own for the round (a fork).
+    let again = |own: Option<Vec<Arc<Slice>>>| {
+        let mut m = RoundMachine::new(sliced(), genesis());
+        if let Some(own) = own {
+            m = m.with_own_slices(own);
+        }
+        let h = m.hash();
+        m.handle(0, Input::Start);
+        for k in &keys {
+            m.handle(0, Input::Connected(*k));
+            m.handle(
+                0,
+                Input::Status {
+                    from: *k,
+                    status: status(0, h, Phase::Ready, 0).wire(),
+                },
+            );
+        }
+        let outs = m.handle(T0, Input::Tick);
+        answer_asks(&mut m, T0, &outs, |_| Some(status(0, h, Phase::Ready, T0)));
+        let outs = m.handle(T0 + 1_000, Input::Trained(trained(0.3)));
+        outs.iter()
+            .find_map(|o| match o {
+                Output::Push { envelope, .. } => Some(ContributionId::of(envelope)),
+                _ => None,
+            })
+            .expect("header pushed")
+    };
+    assert_eq!(again(Some(held)), first);
+    assert_ne!(again(None), first);
+}
