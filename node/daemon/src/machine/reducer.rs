@@ -317,4 +317,4 @@ impl Combiner {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -4,15 +4,15 @@ use crate::machine::sliced::sliced_round_step;
 use nightshift_protocol::slices::{SlicedContribution, SlicedDelta, sign_sliced};
 use nightshift_protocol::{Aggregator, DeltaCodec, delta};
 
-const N: usize = 5;
+pub(crate) const N: usize = 5;
 const LEN: usize = 1000;
 const CODEC: DeltaCodec = DeltaCodec::Int4 { block: 64 };
 
-fn key(i: usize) -> SigningKey {
+pub(crate) fn key(i: usize) -> SigningKey {
     SigningKey::from_bytes(&[i as u8 + 1; 32])
 }
 
-fn rules(aggregator: Aggregator) -> RoundSlices {
+pub(crate) fn rules(aggregator: Aggregator) -> RoundSlices {
     let recipe = Recipe {
         swarm_id: Hash32::of(&[b"swarm"]),
         allowlist: Some((0..N).map(|i| key(i).verifying_key().to_bytes()).collect()),
@@ -45,7 +45,7 @@ fn delta_of(i: usize) -> Vec<f32> {
 }
 
 /// Contributor `i`'s signed header and slices.
-fn contribute(r: &RoundSlices, i: usize) -> (SignedEnvelope, SlicedDelta) {
+pub(crate) fn contribute(r: &RoundSlices, i: usize) -> (SignedEnvelope, SlicedDelta) {
     let c = r.context();
     let d = SlicedDelta::encode(CODEC, &delta_of(i), &c.ranges().unwrap());
     let header = SlicedContribution {

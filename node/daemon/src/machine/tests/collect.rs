@@ -402,22 +402,12 @@ fn a_node_restarted_after_sending_its_slices_sends_the_same_contribution_again()
     // peers may hold the first contribution already: with its slices back from disk it sends
     // that one again; without them, a second one of its own for the round (a fork).
     let again = |own: Option<Vec<Arc<Slice>>>| {
-        let mut m = RoundMachine::new(sliced(), genesis());
-        if let Some(own) = own {
-            m = m.with_own_slices(own);
-        }
+        let (m, _) = node_with(sliced(), 1);
+        let mut m = match own {
+            Some(own) => m.with_own_slices(own),
+            None => m,
+        };
         let h = m.hash();
-        m.handle(0, Input::Start);
-        for k in &keys {
-            m.handle(0, Input::Connected(*k));
-            m.handle(
-                0,
-                Input::Status {
-                    from: *k,
-                    status: status(0, h, Phase::Ready, 0).wire(),
-                },
-            );
-        }
         let outs = m.handle(T0, Input::Tick);
         answer_asks(&mut m, T0, &outs, |_| Some(status(0, h, Phase::Ready, T0)));
         let outs = m.handle(T0 + 1_000, Input::Trained(trained(0.3)));
