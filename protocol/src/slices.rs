@@ -510,9 +510,65 @@ pub struct ReducedSlice {
 /// way to the checker; both once checked), all over one [`ReducedSlice`] payload. The inputs it
 /// counts do not travel with it: it names them by digest, and a node that can use it holds the
 /// same set already.
+///
+/// On the wire the payload travels once, each reducer's header and signature beside it (a
+/// second copy of the mean was half of what a node downloaded a round); an envelope whose
+/// payload differs from the first's is sent with the first's, and its signature then fails.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(into = "ReducedWire", try_from = "ReducedWire")]
 pub struct Reduced {
     pub signed: Vec<SignedEnvelope>,
+}
+
+/// The most envelopes a [`Reduced`] may carry: its reducer's and its checker's.
+pub const MAX_REDUCED_SIGNERS: usize = 2;
+
+/// [`Reduced`] as encoded: one payload, the signers' headers and signatures.
+#[derive(Serialize, Deserialize)]
+struct ReducedWire {
+    payload: Vec<u8>,
+    signers: Vec<(EnvelopeHeader, Vec<u8>)>,
+}
+
+impl From<Reduced> for ReducedWire {
+    fn from(r: Reduced) -> Self {
+        let mut signed = r.signed.into_iter();
+        let Some(first) = signed.next() else {
+            return ReducedWire {
+                payload: vec![],
+                signers: vec![],
+            };
+        };
+        let mut signers = vec![(first.header, first.signature)];
+        signers.extend(signed.map(|e| (e.header, e.signature)));
+        ReducedWire {
+            payload: first.payload,
+            signers,
+        }
+    }
+}
+
+impl TryFrom<ReducedWire> for Reduced {
+    type Error = String;
+
+    fn try_from(w: ReducedWire) -> Result<Self, String> {
+        if w.signers.len() > MAX_REDUCED_SIGNERS {
+            return Err(format!(
+                "a reduced slice signed {} times (at most {MAX_REDUCED_SIGNERS})",
+                w.signers.len()
+            ));
+        }
+        let signed = w
+            .signers
+            .into_iter()
+            .map(|(header, signature)| SignedEnvelope {
+                header,
+                payload: w.payload.clone(),
+                signature,
+            })
+            .collect();
+        Ok(Reduced { signed })
+    }
 }
 
 /// The contributions a reduced slice counts, in key order.

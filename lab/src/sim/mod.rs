@@ -19,6 +19,7 @@ use nightshift_protocol::{DeltaCodec, Hash32, Manifest};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 pub use trainer::Model;
@@ -256,6 +257,15 @@ pub struct Summary {
     /// The validation loss of θ(0).
     #[serde(default)]
     pub genesis_val_loss: f32,
+    /// Messages sent and their bytes, by kind, over all nodes and the whole run.
+    #[serde(default)]
+    pub traffic: BTreeMap<String, Traffic>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Traffic {
+    pub messages: u64,
+    pub bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -396,6 +406,11 @@ pub fn simulate_with(args: &SimArgs, model: Model) -> SimResult {
             contributions_sent: world.contributions,
             contribution_bytes: world.contribution_bytes,
             genesis_val_loss: world.genesis_loss,
+            traffic: world
+                .traffic
+                .iter()
+                .map(|(k, &(messages, bytes))| ((*k).to_string(), Traffic { messages, bytes }))
+                .collect(),
         },
     }
 }
@@ -455,6 +470,20 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
     );
     for f in &s.failures {
         println!("failed: {f}");
+    }
+    if node_rounds > 0 {
+        println!(
+            "{:<24} {:>14} {:>18}",
+            "sent, by kind", "msgs/node-rnd", "bytes/node-round"
+        );
+        let per = node_rounds as f64;
+        for (kind, t) in &s.traffic {
+            println!(
+                "{kind:<24} {:>14.1} {:>18.0}",
+                t.messages as f64 / per,
+                t.bytes as f64 / per
+            );
+        }
     }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&result)?)

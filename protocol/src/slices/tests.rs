@@ -388,3 +388,68 @@ fn a_reduced_slice_needs_every_reducer_to_sign_one_bounded_payload() {
         assert!(r.is_err(), "accepted {p:?}");
     }
 }
+
+#[test]
+fn a_reduced_slice_travels_with_its_mean_once_and_at_most_two_signers() {
+    let c = ctx(&[], 4, 1000);
+    let mean = values(250, 2.0);
+    let payload = ReducedSlice {
+        index: 1,
+        slices: 4,
+        inputs: Hash32::default(),
+        count: 3,
+        mean: delta::encode(DeltaCodec::Int8 { block: 64 }, &mean),
+        mean_sq: 0.5,
+        spread: 0.25,
+    };
+    let sign = |k: u8| sign_reduced(&key(k), c.swarm_id, c.round, c.base_hash, &payload);
+    let one = Reduced {
+        signed: vec![sign(1)],
+    };
+    let two = Reduced {
+        signed: vec![sign(1), sign(2)],
+    };
+    let (one_bytes, two_bytes) = (wire::encode(&one), wire::encode(&two));
+    // The checker's signature adds its header and signature, not a second copy of the mean.
+    let payload_len = one.signed[0].payload.len();
+    assert!(payload_len > 250);
+    assert!(
+        two_bytes.len() - one_bytes.len() < 200,
+        "{}",
+        two_bytes.len()
+    );
+    let back: Reduced = wire::decode(&two_bytes, two_bytes.len()).unwrap();
+    assert_eq!(back, two);
+    // A third signer is refused before its copy of the payload is made.
+    let three = Reduced {
+        signed: vec![sign(1), sign(2), sign(3)],
+    };
+    let bytes = wire::encode(&three);
+    assert!(wire::decode::<Reduced>(&bytes, bytes.len()).is_err());
+    // A signer over another payload is sent with the first's: its signature no longer holds.
+    let other = ReducedSlice {
+        spread: 0.3,
+        ..payload.clone()
+    };
+    let mixed = Reduced {
+        signed: vec![
+            sign(1),
+            sign_reduced(&key(2), c.swarm_id, c.round, c.base_hash, &other),
+        ],
+    };
+    let bytes = wire::encode(&mixed);
+    let back: Reduced = wire::decode(&bytes, bytes.len()).unwrap();
+    assert_eq!(back.signed[1].payload, back.signed[0].payload);
+    assert!(
+        back.signed[1]
+            .verify(&Expectation {
+                kind: PayloadKind::ReducedSlice,
+                swarm_id: c.swarm_id,
+                round: c.round,
+                base_hash: c.base_hash,
+                allowlist: None,
+                max_payload: max_reduced_bytes(250),
+            })
+            .is_err()
+    );
+}

@@ -170,6 +170,8 @@ pub struct World {
     /// States adopted from peers (verified), over all nodes.
     pub synced: u64,
     pub failures: Vec<String>,
+    /// Messages and bytes sent, by kind, over all nodes and the whole run.
+    pub traffic: BTreeMap<&'static str, (u64, u64)>,
     /// Print every note as it happens (NIGHTSHIFT_SIM_DUMP).
     trace: bool,
     /// Also print every output of this node (NIGHTSHIFT_SIM_NODE).
@@ -321,6 +323,7 @@ impl World {
             tokens: 0,
             contributions: 0,
             contribution_bytes: 0,
+            traffic: BTreeMap::new(),
             genesis_loss,
             synced: 0,
             failures: vec![],

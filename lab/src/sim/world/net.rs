@@ -11,11 +11,14 @@ impl World {
         a: usize,
         b: usize,
         bytes: u64,
-        status: bool,
+        kind: &'static str,
     ) -> Option<Millis> {
         let (ra, rb) = (self.round_of(a), self.round_of(b));
         *self.nodes[a].up.entry(ra).or_default() += bytes;
-        if status {
+        let t = self.traffic.entry(kind).or_default();
+        t.0 += 1;
+        t.1 += bytes;
+        if kind.contains("status") || kind.contains("lists") {
             *self.nodes[a].up_status.entry(ra).or_default() += bytes;
         }
         let up_ms = bytes as f64 * 8.0 / (self.args.up_mbps * 1e3);
@@ -34,8 +37,18 @@ impl World {
 
     /// Sends `input` from `a` to `b` as a message of `bytes`.
     pub(super) fn send(&mut self, a: usize, b: usize, bytes: u64, input: Input) {
-        let status = matches!(input, Input::Status { .. } | Input::StatusAnswer { .. });
-        if let Some(at) = self.transfer(a, b, bytes, status) {
+        let kind = match &input {
+            Input::Status { .. } => "status push",
+            Input::Contribution { envelope, .. }
+                if envelope.header.kind == nightshift_protocol::PayloadKind::SlicedContribution =>
+            {
+                "sliced header push"
+            }
+            Input::Contribution { .. } => "contribution push",
+            Input::Reduced { .. } => "reduced slice push",
+            _ => "other push",
+        };
+        if let Some(at) = self.transfer(a, b, bytes, kind) {
             self.deliver_at(at, b, input);
         }
     }
@@ -43,8 +56,7 @@ impl World {
     /// `b`'s answer to `a`'s request; a lost answer fails the request after the time-out, as
     /// libp2p's request-response does.
     pub(super) fn respond(&mut self, b: usize, a: usize, bytes: u64, input: Input, req: &Req) {
-        let status = matches!(input, Input::StatusAnswer { .. });
-        match self.transfer(b, a, bytes, status) {
+        match self.transfer(b, a, bytes, req.answer_kind()) {
             Some(at) => self.deliver_at(at, a, input),
             None => {
                 let failed = self.failed_answer(b, req);
@@ -56,8 +68,7 @@ impl World {
     /// A request from `a` to `b`; a lost one fails after the time-out.
     pub(super) fn request(&mut self, a: usize, b: usize, req: Req) {
         let epoch = self.nodes[a].epoch;
-        let status = matches!(req, Req::Status | Req::Lists);
-        match self.transfer(a, b, REQUEST_BYTES, status) {
+        match self.transfer(a, b, REQUEST_BYTES, req.kind()) {
             Some(at) => self.schedule(
                 at,
                 Ev::Request {
@@ -200,6 +211,32 @@ impl World {
     }
 }
 
+impl Req {
+    /// The request's line in the traffic breakdown.
+    fn kind(&self) -> &'static str {
+        match self {
+            Req::Status => "status request",
+            Req::Lists => "lists request",
+            Req::Contribution { .. } => "contribution request",
+            Req::Slice { .. } => "slice request",
+            Req::Reduced { .. } => "reduced slice request",
+            Req::State { .. } => "state request",
+        }
+    }
+
+    /// Its answer's line.
+    fn answer_kind(&self) -> &'static str {
+        match self {
+            Req::Status => "status answer",
+            Req::Lists => "lists answer",
+            Req::Contribution { .. } => "contribution answer",
+            Req::Slice { .. } => "slice answer",
+            Req::Reduced { .. } => "reduced slice answer",
+            Req::State { .. } => "state answer",
+        }
+    }
+}
+
 /// The bytes of a whole contribution's encoded values (0 for a sliced contribution's header).
 pub(super) fn contribution_values(env: &SignedEnvelope) -> u64 {
     if env.header.kind != nightshift_protocol::PayloadKind::Contribution {
@@ -209,10 +246,11 @@ pub(super) fn contribution_values(env: &SignedEnvelope) -> u64 {
         .map_or(0, |c| c.delta.body.len() as u64)
 }
 
-/// The bytes of a reduced slice's encoded mean, in each of its signed copies.
+/// The bytes of a reduced slice's encoded mean (it travels once, whoever signed it).
 pub(super) fn reduced_values(r: &Reduced) -> u64 {
     r.signed
-        .iter()
+        .first()
+        .into_iter()
         .filter_map(|e| {
             wire::decode::<nightshift_protocol::slices::ReducedSlice>(
                 &e.payload,

@@ -280,7 +280,7 @@ impl RoundMachine {
         {
             return; // the same contribution again (pushed and fetched)
         }
-        if !duplicate && collected.len() >= self.cfg.recipe.max_contributors() {
+        if !duplicate && collected.len() >= self.cfg.recipe.round_max_contributors(&self.state) {
             return; // a round holds as many contributions as it may count
         }
         match self.accept_env(&self.state.clone(), self.hash, &env) {

@@ -11,7 +11,7 @@
 
 use super::Key;
 use super::accept::RoundStep;
-use super::rules::Recipe;
+use super::rules::{Recipe, sliced_open_bound};
 use super::sliced::{Slicing, combine, reduce_slice};
 use ed25519_dalek::SigningKey;
 use nightshift_model::outer::{NoiseSums, WeightedDelta};
@@ -100,7 +100,10 @@ impl Reducer {
                 Err(Refused::Equivocation)
             };
         }
-        let max = self.rules.recipe.max_contributors();
+        let max = match self.rules.recipe.allowlist {
+            Some(_) => self.rules.recipe.max_contributors(),
+            None => sliced_open_bound(self.rules.slicing.slices),
+        };
         if self.inputs.len() >= max {
             return Err(Refused::Full(max));
         }

@@ -28,12 +28,19 @@ use thiserror::Error;
 use super::accept::{Accepted, RoundContext, RoundStep, accept, round_step};
 use super::sliced::{Slicing, sliced_round_step};
 use super::{Key, Millis};
+use nightshift_protocol::MAX_EXPECTED;
 use nightshift_protocol::slices::{Averaging, MAX_SLICES};
 
 /// Holders asked for one contribution before a replay gives up on it.
 pub const MAX_HOLDERS_ASKED: usize = 3;
 /// Most contributions a round of an open swarm counts.
 pub const MAX_OPEN_CONTRIBUTORS: usize = 256;
+/// Most contributions a round of an open swarm cut into `slices` counts (see
+/// [`Recipe::round_max_contributors`]).
+pub fn sliced_open_bound(slices: u32) -> usize {
+    (slices as usize * MAX_OPEN_CONTRIBUTORS / 2)
+        .clamp(MAX_OPEN_CONTRIBUTORS, MAX_EXPECTED as usize)
+}
 /// Slices of an open swarm's round 0 when the recipe names no count.
 pub const FIRST_ROUND_SLICES: usize = 16;
 /// Most candidate states tried per alignment (each may cost a look-up per contribution).
@@ -88,12 +95,27 @@ impl Recipe {
         }
     }
 
-    /// Most contributions one round may count: the members, or [`MAX_OPEN_CONTRIBUTORS`] in an
-    /// open swarm (where keys are free, so the bound is what keeps a round's memory bounded).
+    /// Most contributions any round may count: the members; in an open swarm (where keys are
+    /// free, so the bound is what keeps a round's memory bounded) [`MAX_OPEN_CONTRIBUTORS`]
+    /// when every node holds every contribution whole, [`MAX_EXPECTED`] with reducers (each
+    /// round's own bound: [`Recipe::round_max_contributors`]).
     pub fn max_contributors(&self) -> usize {
-        self.allowlist
-            .as_ref()
-            .map_or(MAX_OPEN_CONTRIBUTORS, Vec::len)
+        match (&self.allowlist, self.slicing) {
+            (Some(members), _) => members.len(),
+            (None, None) => MAX_OPEN_CONTRIBUTORS,
+            (None, Some(_)) => MAX_EXPECTED as usize,
+        }
+    }
+
+    /// Most contributions the round from `base` may count. With reducers an open swarm's bound
+    /// grows with the round's slices: a node holds one header per contribution and, as a slice's
+    /// reducer and checker, two slices of each, 2·N/S contributions' worth, kept within what
+    /// [`MAX_OPEN_CONTRIBUTORS`] whole contributions take (N ≤ 128·S, at most [`MAX_EXPECTED`]).
+    pub fn round_max_contributors(&self, base: &StateSnapshot) -> usize {
+        match self.round_slicing(base) {
+            Some(s) if self.allowlist.is_none() => sliced_open_bound(s.slices),
+            _ => self.max_contributors(),
+        }
     }
 
     /// Whether `claim` could be a state of this swarm at all: no more contributions than a round

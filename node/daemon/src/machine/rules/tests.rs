@@ -318,3 +318,41 @@ fn round_zero_is_cut_for_the_members_or_into_a_fixed_count_not_into_one_slice() 
     assert_eq!(slices(&fixed, &state(0)), Some(2));
     assert_eq!(slices(&recipe(None, 0), &state(0)), None);
 }
+
+#[test]
+fn an_open_swarm_with_reducers_counts_more_contributors_as_its_rounds_have_more_slices() {
+    let sliced = |members: Option<Vec<[u8; 32]>>| Recipe {
+        num_params: 1 << 20,
+        shapes: Arc::new(vec![vec![1 << 20]]),
+        slicing: Some(Slicing {
+            slices: 0,
+            mean_codec: DeltaCodec::Fp32,
+        }),
+        ..recipe(members, 0)
+    };
+    let state = |formed: usize| StateSnapshot {
+        round: u64::from(formed > 0),
+        params: vec![],
+        momentum: vec![],
+        formed_by: (0..formed)
+            .map(|i| ContributionId {
+                sender: Hash32::of(&[&i.to_le_bytes()]).0,
+                digest: Hash32::default(),
+            })
+            .collect(),
+        noise: None,
+    };
+    let open = sliced(None);
+    // Every node holds every contribution whole: 256 a round.
+    assert_eq!(recipe(None, 0).round_max_contributors(&state(0)), 256);
+    // With reducers: 128 a slice, so round 0 (16 slices) counts 2,048, and a round after 300
+    // contributors (300 slices) the most any round may (4,096).
+    assert_eq!(open.round_max_contributors(&state(0)), 2048);
+    assert_eq!(open.round_max_contributors(&state(300)), 4096);
+    assert_eq!(open.max_contributors(), 4096);
+    // A round after a single contributor still counts what a round of whole contributions does.
+    assert_eq!(open.round_max_contributors(&state(1)), 256);
+    // A private swarm: its members, however it averages.
+    let private = sliced(Some((1..=5).map(|i| [i; 32]).collect()));
+    assert_eq!(private.round_max_contributors(&state(0)), 5);
+}
