@@ -160,6 +160,7 @@ pub async fn run_bootstrap(opts: BootstrapOptions) -> anyhow::Result<()> {
         rounds: None,
         role: NodeRole::Bootstrap,
         overlap: false,
+        timed_params: None,
     };
     let prev = nightshift_daemon::round::previous_checkpoint(&store, &state)?;
     let mut m = RoundMachine::new(cfg, state);

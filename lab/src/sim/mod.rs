@@ -135,8 +135,9 @@ pub struct SimArgs {
     /// Count every transfer as if the model had this many parameters (the stand-in still
     /// computes on `--params` values): the values inside contributions, slices, reduced slices
     /// and states weigh `wire-params / params` times their encoded size, headers, signatures,
-    /// paths and statuses what they weigh. A large swarm's bytes at a realistic width without
-    /// holding every value in memory. Unset: the transfers as encoded.
+    /// paths and statuses what they weigh; the nodes' graces allow for that width too. A large
+    /// swarm's bytes at a realistic width without holding every value in memory. Unset: the
+    /// transfers as encoded.
     #[arg(long)]
     #[serde(default)]
     pub wire_params: Option<usize>,
@@ -327,6 +328,7 @@ fn template(args: &SimArgs, keys: &[[u8; 32]], model: &Model) -> Config {
         rounds: Some(args.rounds),
         role: nightshift_protocol::NodeRole::Trainer,
         overlap: args.overlap,
+        timed_params: args.wire_params.map(|w| w as u64),
     }
 }
 

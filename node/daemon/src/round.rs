@@ -412,6 +412,7 @@ impl<B: AutodiffBackend> Driver<B> {
             rounds: opts.rounds,
             role: NodeRole::Trainer,
             overlap: opts.overlap,
+            timed_params: None,
         };
         let mut rm = RoundMachine::new(machine_cfg, state).with_own_slices(own);
         if let Some(p) = prev {

@@ -39,8 +39,9 @@ pub struct Held {
     pub first: Option<Hash32>,
     pub last: Option<Hash32>,
     pub at: Millis,
-    /// It later took a state further on by attestation, leaving its θ(r) behind unrepaired
-    /// (the swarm's rules vouched for the state built on the swarm's θ(r) instead).
+    /// It left its θ(r) behind: the state it ended with does not descend from it (it later took
+    /// a state further on by attestation, built on another θ(r) that the swarm's rules vouched
+    /// for).
     pub skipped: bool,
 }
 
@@ -170,6 +171,8 @@ pub struct World {
     /// States adopted from peers (verified), over all nodes.
     pub synced: u64,
     pub failures: Vec<String>,
+    /// The state each state was stepped from (by a round or a replay), by hash.
+    parents: HashMap<Hash32, Hash32>,
     /// Messages and bytes sent, by kind, over all nodes and the whole run.
     pub traffic: BTreeMap<&'static str, (u64, u64)>,
     /// Print every note as it happens (NIGHTSHIFT_SIM_DUMP).
@@ -324,6 +327,7 @@ impl World {
             contributions: 0,
             contribution_bytes: 0,
             traffic: BTreeMap::new(),
+            parents: HashMap::new(),
             genesis_loss,
             synced: 0,
             failures: vec![],
@@ -461,6 +465,30 @@ impl World {
             }
             if self.nodes.iter().all(|n| n.finished) {
                 break;
+            }
+        }
+        self.mark_left_behind();
+    }
+
+    /// Marks each node's states that the state it ended with does not descend from (as far as
+    /// the chain of parents is known): forks it left by taking an attested state further on.
+    fn mark_left_behind(&mut self) {
+        for n in &mut self.nodes {
+            let mut chain = BTreeMap::new();
+            let mut at = Some((n.checkpoint.round, n.checkpoint_hash));
+            while let Some((r, h)) = at {
+                chain.insert(r, h);
+                at = self
+                    .parents
+                    .get(&h)
+                    .and_then(|p| Some((r.checked_sub(1)?, *p)));
+            }
+            for (r, held) in &mut n.held {
+                if let (Some(last), Some(ours)) = (held.last, chain.get(r))
+                    && last != *ours
+                {
+                    held.skipped = true;
+                }
             }
         }
     }

@@ -170,17 +170,23 @@ impl World {
             } => self.train(i, round, &start, steps, budget_ms),
             Output::NewState(ns) => {
                 let n = &mut self.nodes[i];
-                if let How::Synced {
-                    verified: "attested",
-                    ..
-                } = ns.how
-                {
+                let attested = matches!(
+                    ns.how,
+                    How::Synced {
+                        verified: "attested",
+                        ..
+                    }
+                );
+                if attested {
                     let from = n.checkpoint.round.min(ns.state.round.saturating_sub(1));
                     for r in from..ns.state.round {
                         if let Some(h) = n.held.get_mut(&r) {
                             h.skipped = true;
                         }
                     }
+                } else if n.checkpoint.round + 1 == ns.state.round {
+                    // Stepped or replayed from the state it held.
+                    self.parents.insert(ns.hash, n.checkpoint_hash);
                 }
                 if n.checkpoint.round + 1 == ns.state.round {
                     n.previous = Some(n.checkpoint.clone());

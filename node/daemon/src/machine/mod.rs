@@ -125,6 +125,10 @@ pub struct Config {
     /// are sent, once the round's state is formed, as progress on it (the outer step then
     /// reaches a node's training one round late).
     pub overlap: bool,
+    /// The model width the combining graces allow time for (their slack grows with the bytes
+    /// a slice's reducers move); `None`: the recipe's. The simulator sets its `--wire-params`
+    /// here, so that its nodes' timers expect the bytes its links carry.
+    pub timed_params: Option<u64>,
 }
 
 /// Inner steps running ahead, while the round before them is collected (overlap).
@@ -444,7 +448,7 @@ impl RoundMachine {
                 id,
                 index,
             } => self.on_slice_not_found(now, from, round, id, index),
-            Input::Reduced { from, reduced } => self.on_reduced(from, reduced),
+            Input::Reduced { from, reduced } => self.on_reduced(now, from, reduced),
             Input::ReducedNotFound { from, round, index } => {
                 self.on_reduced_not_found(now, from, round, index)
             }
@@ -514,7 +518,7 @@ impl RoundMachine {
                 Stage::Training { .. } | Stage::Done => {}
                 Stage::Collecting(_) => self.collect_step(now, tick),
                 Stage::Reconciling(_) => self.reconcile_step(now),
-                Stage::Combining(_) => self.combine_step(now),
+                Stage::Combining(_) => self.combine_step(now, tick),
                 Stage::Paused => {
                     if self.available || self.early_ended() {
                         self.begin_round(now);

@@ -78,17 +78,20 @@ impl RoundMachine {
                 .map(|(_, s)| s.as_slice());
             let mut sources = rp.claim.holders.clone();
             sources.truncate(rules::MAX_HOLDERS_ASKED);
-            rp.combining = Some(Box::new(Combining::new(
-                now,
-                rules,
-                rp.base.noise,
-                &set,
-                me,
-                own,
-                sources,
-                &mut self.out,
-            )));
-            self.offer_early_reduced();
+            rp.combining = Some(Box::new(
+                Combining::new(
+                    now,
+                    rules,
+                    rp.base.noise,
+                    &set,
+                    me,
+                    own,
+                    sources,
+                    &mut self.out,
+                )
+                .timed_for(self.cfg.timed_params),
+            ));
+            self.offer_early_reduced(now);
         }
         let Stage::Verifying(Verifying {
             current: Some(Attempt::Replay(rp)),

@@ -12,7 +12,9 @@
 //! slice's reducer and checker), fetches the two slices it reduces and checks from every
 //! member, and receives each reduced slice once.
 //!
-//! Failures: a slice whose reduced form has not come within [`COMBINE_GRACE_MS`] the node
+//! Failures: every grace and time-out counts from the round's last progress (the last slice or
+//! reduced slice that came in), so a round whose bytes still arrive over a slow link is waited
+//! for. A slice whose reduced form has not come [`COMBINE_GRACE_MS`] after that the node
 //! computes itself, fetching that slice of every member (from its sender, else from the slice's
 //! reducer or checker); a checker whose result differs refuses to co-sign and computes its
 //! own; a round whose slices cannot all be had within [`COMBINE_MS`] is left, and the node
@@ -29,15 +31,19 @@ use nightshift_protocol::wire;
 
 pub use io::Reduced;
 
-/// How long a node waits for a slice's reduced form to be pushed before it asks the slice's
-/// checker and reducer for it (a push may be lost).
+/// How long a node waits, after the round's last progress, for a slice's reduced form to be
+/// pushed before it asks the slice's checker and reducer for it (a push may be lost).
 pub const REDUCED_GRACE_MS: Millis = 2_000;
-/// How long a node waits for a slice's reduced form before it computes the slice itself.
+/// How long a node waits, after the round's last progress, for a slice's reduced form before
+/// it computes the slice itself.
 pub const COMBINE_GRACE_MS: Millis = 5_000;
 /// How long a slice fetch goes unanswered before it is sent again (the first answer counts).
 pub const HEDGE_MS: Millis = 1_500;
-/// The longest a round's combining may take before the node leaves the round.
+/// The longest a round's combining may go without progress before the node leaves the round.
 pub const COMBINE_MS: Millis = 60_000;
+/// At most this many times [`COMBINE_MS`] (from its start) a round's combining may take, however
+/// slowly its slices keep coming.
+pub const COMBINE_LIMIT_FACTOR: Millis = 4;
 /// How long one slice fetch may take before the next holder is asked.
 pub const SLICE_FETCH_MS: Millis = 10_000;
 /// How long a node waits before asking a slice's holders again once every one had nothing (a
@@ -136,6 +142,10 @@ pub(super) struct Combining {
     /// The base state's noise ratio (the step's input).
     noise: Option<f64>,
     started: Millis,
+    /// When the last slice or reduced slice that moved the round on came in: every grace and
+    /// time-out counts from it, so a round whose bytes are still arriving over a slow link is
+    /// waited for, and only a silent one is worked around.
+    progress: Millis,
     until: Millis,
     /// What the graces add for the time a slice's reducers need to move it ([`Self::slack`]).
     slack: Millis,
@@ -203,11 +213,12 @@ impl Combining {
             reduced_sent: BTreeMap::new(),
             noise,
             started: now,
+            progress: now,
             until: now,
             slack: 0,
             bytes: 0,
         };
-        c.slack = c.slack();
+        c.slack = c.slack(None);
         c.until = now + COMBINE_MS + 4 * c.slack;
         let round = c.rules.round;
         if sources.is_empty() {
@@ -237,9 +248,18 @@ impl Combining {
     /// member and push its mean to every peer: twice the members times a slice's bytes (one
     /// byte a value, as `int8` sends it). Negligible when a round has about as many slices as
     /// members; many seconds for a round of few slices over a large swarm.
-    fn slack(&self) -> Millis {
-        let values = self.rules.recipe.num_params as u64 / u64::from(self.slices().max(1));
+    fn slack(&self, params: Option<u64>) -> Millis {
+        let params = params.unwrap_or(self.rules.recipe.num_params as u64);
+        let values = params / u64::from(self.slices().max(1));
         2 * self.members.len() as u64 * values * 1000 / ASSUMED_RATE_BYTES
+    }
+
+    /// Times the graces for a model `params` wide instead of the recipe's width
+    /// ([`super::Config::timed_params`]).
+    pub(super) fn timed_for(mut self, params: Option<u64>) -> Self {
+        self.slack = self.slack(params);
+        self.until = self.until.max(self.started + COMBINE_MS + 4 * self.slack);
+        self
     }
 
     /// Starts gathering slice `j` of every member: ours from `own`, the others' fetched.
@@ -312,9 +332,12 @@ impl Combining {
             return;
         }
         match w.reducer.offer(slice) {
-            Ok(_) => {
+            Ok(new) => {
                 w.asking.remove(&sender);
                 self.bytes += slice.body.body.len() as u64;
+                if new {
+                    self.progressed(now);
+                }
                 out.push(Output::HoldSlices(vec![slice.clone()]));
             }
             Err(e) => {
@@ -326,6 +349,17 @@ impl Combining {
                 self.slice_not_found(now, from, sender, j, out);
             }
         }
+    }
+
+    /// Something new that moves the round on came in at `now` (a copy of what we hold does
+    /// not: hedged fetches answered twice would otherwise keep a stuck round alive). The round
+    /// is left [`COMBINE_MS`] after its last progress, and at the latest
+    /// [`COMBINE_LIMIT_FACTOR`] times that after it began.
+    fn progressed(&mut self, now: Millis) {
+        self.progress = self.progress.max(now);
+        let wait = COMBINE_MS + 4 * self.slack;
+        let cap = self.started + COMBINE_LIMIT_FACTOR * wait;
+        self.until = (now + wait).min(cap).max(self.until);
     }
 
     /// A holder had nothing (or failed) for a slice we asked it for: ask the next.
@@ -354,14 +388,14 @@ impl Combining {
     /// Sends the slice fetches that are due.
     fn ask(&mut self, now: Millis, out: &mut Vec<Output>) {
         let round = self.rules.round;
-        let slack = self.slack;
+        let (slack, progress) = (self.slack, self.progress);
         for (j, w) in &mut self.work {
             for a in w.asking.values_mut() {
                 if a.since.is_some_and(|t| now >= t + SLICE_FETCH_MS + slack) {
                     a.next_holder(now);
                 }
                 if let Some(t) = a.since
-                    && now >= t + HEDGE_MS + slack / 2
+                    && now >= t.max(progress) + HEDGE_MS + slack / 2
                     && !a.hedged
                 {
                     // Asked again (a request or its answer may be lost): the first answer
@@ -390,6 +424,7 @@ impl Combining {
     /// A reduced slice pushed to us or answering a fetch.
     pub(super) fn on_reduced(
         &mut self,
+        now: Millis,
         from: Key,
         reduced: &Arc<Reduced>,
         me: Key,
@@ -428,8 +463,10 @@ impl Combining {
                 .get(&j)
                 .is_some_and(|w| w.role == Role::Check && !w.done);
             if ours && first.header.sender == red && chk == me {
-                self.to_check.insert(j, first.clone());
                 self.bytes += first.payload.len() as u64;
+                if self.to_check.insert(j, first.clone()).is_none() {
+                    self.progressed(now);
+                }
             }
             return;
         }
@@ -439,6 +476,7 @@ impl Combining {
         {
             Ok(_) => {
                 self.bytes += first.payload.len() as u64;
+                self.progressed(now);
                 if let Some(w) = self.work.get_mut(&j) {
                     w.done = true;
                     w.asking.clear();
@@ -510,12 +548,13 @@ impl Combining {
         // Reduced slices asked for and not answered: asked again of the same source now and
         // then (the first answer counts; a second "not found" from it is ignored).
         let hedge = HEDGE_MS + self.slack / 2;
+        let progress = self.progress;
         let resend: Vec<(u32, Key)> = self
             .asked
             .iter()
             .filter(|(j, (_, _, at))| {
                 let last = self.reduced_sent.get(j).map_or(*at, |t| (*t).max(*at));
-                now >= last + hedge
+                now >= last.max(progress) + hedge
             })
             .filter_map(|(j, (sources, i, _))| Some((*j, *sources.get(*i)?)))
             .collect();
@@ -544,7 +583,8 @@ impl Combining {
                     && !c.asked.contains_key(&j)
                     && !c.work.get(&j).is_some_and(|w| w.role == Role::Compute)
             };
-            if now >= self.started + REDUCED_GRACE_MS + self.slack {
+            let quiet_since = self.started.max(self.progress);
+            if now >= quiet_since + REDUCED_GRACE_MS + self.slack {
                 for j in 0..self.slices() {
                     let (red, chk) = assigned(&self.members, self.rules.round, j);
                     if waiting(self, j)
@@ -557,7 +597,7 @@ impl Combining {
                     }
                 }
             }
-            if now >= self.started + COMBINE_GRACE_MS + 2 * self.slack {
+            if now >= quiet_since + COMBINE_GRACE_MS + 2 * self.slack {
                 for j in 0..self.slices() {
                     if waiting(self, j) {
                         self.gather(now, j, Role::Compute, me, out);

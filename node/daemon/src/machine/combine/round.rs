@@ -56,35 +56,53 @@ impl RoundMachine {
             own.as_deref(),
             vec![],
             &mut self.out,
-        );
+        )
+        .timed_for(self.cfg.timed_params);
         self.stage = Stage::Combining(Box::new(CombineStage {
             combining,
             collecting: rc.collecting,
             missed: rc.missed,
         }));
-        self.offer_early_reduced();
+        self.offer_early_reduced(now);
     }
 
     /// Reduced slices that came before the node was ready for them.
-    pub(in crate::machine) fn offer_early_reduced(&mut self) {
+    pub(in crate::machine) fn offer_early_reduced(&mut self, now: Millis) {
         let r = self.state.round;
         let early = std::mem::take(&mut self.early_reduced);
         for (from, reduced) in early {
             let round = reduced.signed.first().map_or(0, |e| e.header.round);
             if round == r || combining_in(&mut self.stage, round).is_some() {
-                self.on_reduced(from, reduced);
+                self.on_reduced(now, from, reduced);
             } else if round > r {
                 self.early_reduced.push((from, reduced));
             }
         }
     }
 
-    pub(in crate::machine) fn combine_step(&mut self, now: Millis) {
+    pub(in crate::machine) fn combine_step(&mut self, now: Millis, tick: bool) {
         let peers = self.connected_keys();
-        let Stage::Combining(cs) = &mut self.stage else {
+        let Stage::Combining(cs) = &self.stage else {
             return;
         };
         let round = cs.combining.round();
+        // An attested state further on: the swarm has moved past this round (we came late, or
+        // combine over a set the others did not), so waiting for its slices helps no one.
+        if tick
+            && round == self.state.round
+            && self
+                .claims()
+                .iter()
+                .any(|c| c.round > round + 1 && self.cfg.recipe.attested(c))
+        {
+            self.out.push(Output::Note(Note::Behind { round }));
+            self.announce(Phase::Ready);
+            self.begin_round(now);
+            return;
+        }
+        let Stage::Combining(cs) = &mut self.stage else {
+            return;
+        };
         match cs
             .combining
             .drive(now, &self.cfg.key, &peers, &mut self.out)
@@ -127,13 +145,13 @@ impl RoundMachine {
         }
     }
 
-    pub(in crate::machine) fn on_reduced(&mut self, from: Key, reduced: Arc<Reduced>) {
+    pub(in crate::machine) fn on_reduced(&mut self, now: Millis, from: Key, reduced: Arc<Reduced>) {
         let Some(round) = reduced.signed.first().map(|e| e.header.round) else {
             return;
         };
         let me = self.me;
         if let Some(c) = combining_in(&mut self.stage, round) {
-            c.on_reduced(from, &reduced, me, &mut self.out);
+            c.on_reduced(now, from, &reduced, me, &mut self.out);
         } else if round >= self.state.round && self.early_worth_keeping(&reduced) {
             self.early_reduced.push((from, reduced));
         }

@@ -57,6 +57,7 @@ fn config(min_peers: usize) -> Config {
         rounds: None,
         role: NodeRole::Trainer,
         overlap: false,
+        timed_params: None,
     }
 }
 
