@@ -53,8 +53,14 @@ pub const SLICE_RETRY_MS: Millis = 2_000;
 /// home link. A slice that many inputs make large gets that much longer before others fetch or
 /// compute it in its reducers' stead ([`Combining::slack`]).
 pub const ASSUMED_RATE_BYTES: u64 = 1_000_000;
-/// Reduced slices kept for a round the node has not reached the end of yet.
-pub const MAX_EARLY_REDUCED: usize = 64;
+/// Reduced slices kept for a round the node has not reached the end of yet: two rounds' worth
+/// of slices at most ...
+pub const MAX_EARLY_REDUCED: usize = 2 * nightshift_protocol::slices::MAX_SLICES as usize;
+/// ... and at most this many models' worth of their bytes (fp32 means, every signer's copy
+/// counted; plus 1 KiB a slice for the rest of its payload), so that what peers can make a node hold before it can check it stays bounded
+/// whatever the round's slicing. A round of 256 slices reaching a node still reducing its own
+/// kept only 64 and fetched or computed the rest.
+pub const EARLY_REDUCED_MODELS: usize = 2;
 
 /// The reducer and the checker of slice `j` of round `round`, among `members` (X's senders in
 /// key order; not empty).

@@ -180,6 +180,8 @@ impl RoundMachine {
             return false;
         };
         let signer = first.header.sender;
+        let bytes = |r: &Reduced| r.signed.iter().map(|e| e.payload.len()).sum::<usize>();
+        let held: usize = self.early_reduced.iter().map(|(_, r)| bytes(r)).sum();
         let same = self
             .early_reduced
             .iter()
@@ -187,6 +189,7 @@ impl RoundMachine {
             .count();
         reduced.signed.len() <= 2
             && self.early_reduced.len() < MAX_EARLY_REDUCED
+            && held + bytes(reduced) <= EARLY_REDUCED_MODELS * limit + MAX_EARLY_REDUCED * 1024
             && same < STASH_PER_SENDER
             && reduced.signed.iter().all(|e| {
                 e.payload.len() <= limit

@@ -421,3 +421,75 @@ fn a_node_restarted_after_sending_its_slices_sends_the_same_contribution_again()
     assert_eq!(again(Some(held)), first);
     assert_ne!(again(None), first);
 }
+
+#[test]
+fn reduced_slices_that_come_before_the_round_is_combined_are_all_kept_for_it() {
+    // A round of many slices (one per member): while this node still collects, every slice's
+    // mean reaches it early. It keeps all of them (it kept 64 and fetched the rest again).
+    let members: Vec<Key> = (1..=131).map(pk).collect();
+    let cfg = Config {
+        recipe: Arc::new(Recipe {
+            allowlist: Some(members.clone()),
+            slicing: Some(sliced::Slicing {
+                slices: 0,
+                mean_codec: DeltaCodec::Fp32,
+            }),
+            ..recipe()
+        }),
+        ..config(1)
+    };
+    let swarm_id = cfg.recipe.swarm_id;
+    let (mut m, _) = node_with(cfg, 1);
+    let base = m.hash();
+    for (j, i) in (2u8..=131).enumerate() {
+        let payload = nightshift_protocol::slices::ReducedSlice {
+            index: j as u32,
+            slices: 130,
+            inputs: Hash32::of(&[b"the round's inputs"]),
+            count: 130,
+            mean: delta::encode(DeltaCodec::Fp32, &[0.1]),
+            mean_sq: 0.0,
+            spread: 0.0,
+        };
+        let signed = vec![nightshift_protocol::slices::sign_reduced(
+            &key(i),
+            swarm_id,
+            0,
+            base,
+            &payload,
+        )];
+        m.handle(
+            T0,
+            Input::Reduced {
+                from: pk(i),
+                reduced: Arc::new(Reduced { signed }),
+            },
+        );
+    }
+    assert_eq!(m.early_reduced.len(), 130);
+    // One from outside the swarm is not kept.
+    let payload = nightshift_protocol::slices::ReducedSlice {
+        index: 0,
+        slices: 130,
+        inputs: Hash32::of(&[b"the round's inputs"]),
+        count: 130,
+        mean: delta::encode(DeltaCodec::Fp32, &[0.1]),
+        mean_sq: 0.0,
+        spread: 0.0,
+    };
+    let signed = vec![nightshift_protocol::slices::sign_reduced(
+        &key(200),
+        swarm_id,
+        0,
+        base,
+        &payload,
+    )];
+    m.handle(
+        T0,
+        Input::Reduced {
+            from: pk(200),
+            reduced: Arc::new(Reduced { signed }),
+        },
+    );
+    assert_eq!(m.early_reduced.len(), 130);
+}
