@@ -447,11 +447,10 @@ def scale_reduce_note():
                    f"node's upload statuses aside is {bulk(a) / 1e6:.2f} MB at {a['nodes']} "
                    f"nodes, {steps}")
     if any(r["nodes"] >= 256 for r in sims):
-        out.append("at 256 nodes (an open swarm) a node answers ≈ 5.5× the slice fetches a round "
-                   "needs (2,965 a node a round against ≈ 510 for its reducer's and checker's "
-                   "slices; `sim --nodes 256 --degree 255 --rounds 3 ...` prints the traffic by "
-                   "kind), as it did before the graces counted from progress (11–14 MB a round "
-                   "then, 14–15 MB now): not yet explained, and the open item of issue 26")
+        out.append("at 256 nodes what grows besides statuses is the lists behind them (≈ 60 "
+                   "answers a node a round, each listing the round's 256 contributors: ≈ 0.9 MB; "
+                   "`sim --nodes 256 --degree 255 --rounds 3 ...` prints the traffic by kind, "
+                   "`docs/bench/sim-256-open.json`)")
     wall, rss = wall_rss("docs/bench/scale-reduce.txt")
     out.append(f"the command took {wall / 60:.0f} min, peak RSS {rss / 1024:.1f} GiB")
     sim_nodes = ",".join(str(n) for n in d["config"].get("sim_nodes", []))
