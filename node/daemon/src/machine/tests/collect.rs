@@ -441,9 +441,10 @@ fn reduced_slices_that_come_before_the_round_is_combined_are_all_kept_for_it() {
     let swarm_id = cfg.recipe.swarm_id;
     let (mut m, _) = node_with(cfg, 1);
     let base = m.hash();
-    for (j, i) in (2u8..=131).enumerate() {
+    // Slice `j`'s mean, signed by key `i` alone (its reducer's, on its way to the checker).
+    let mean_of = |j: u32, i: u8| {
         let payload = nightshift_protocol::slices::ReducedSlice {
-            index: j as u32,
+            index: j,
             slices: 130,
             inputs: Hash32::of(&[b"the round's inputs"]),
             count: 130,
@@ -458,38 +459,16 @@ fn reduced_slices_that_come_before_the_round_is_combined_are_all_kept_for_it() {
             base,
             &payload,
         )];
-        m.handle(
-            T0,
-            Input::Reduced {
-                from: pk(i),
-                reduced: Arc::new(Reduced { signed }),
-            },
-        );
+        Input::Reduced {
+            from: pk(i),
+            reduced: Arc::new(Reduced { signed }),
+        }
+    };
+    for (j, i) in (2u8..=131).enumerate() {
+        m.handle(T0, mean_of(j as u32, i));
     }
     assert_eq!(m.early_reduced.len(), 130);
     // One from outside the swarm is not kept.
-    let payload = nightshift_protocol::slices::ReducedSlice {
-        index: 0,
-        slices: 130,
-        inputs: Hash32::of(&[b"the round's inputs"]),
-        count: 130,
-        mean: delta::encode(DeltaCodec::Fp32, &[0.1]),
-        mean_sq: 0.0,
-        spread: 0.0,
-    };
-    let signed = vec![nightshift_protocol::slices::sign_reduced(
-        &key(200),
-        swarm_id,
-        0,
-        base,
-        &payload,
-    )];
-    m.handle(
-        T0,
-        Input::Reduced {
-            from: pk(200),
-            reduced: Arc::new(Reduced { signed }),
-        },
-    );
+    m.handle(T0, mean_of(0, 200));
     assert_eq!(m.early_reduced.len(), 130);
 }
