@@ -57,8 +57,8 @@ pub const ASSUMED_RATE_BYTES: u64 = 1_000_000;
 /// of slices at most ...
 pub const MAX_EARLY_REDUCED: usize = 2 * nightshift_protocol::slices::MAX_SLICES as usize;
 /// ... and at most this many models' worth of their bytes (fp32 means, every signer's copy
-/// counted; plus 1 KiB a slice for the rest of its payload), so that what peers can make a node hold before it can check it stays bounded
-/// whatever the round's slicing. A round of 256 slices reaching a node still reducing its own
+/// counted; plus 1 KiB a slice for the rest of its payload), so that what peers can make a
+/// node hold before it can check it stays bounded whatever the round's slicing. A round of 256 slices reaching a node still reducing its own
 /// kept only 64 and fetched or computed the rest.
 pub const EARLY_REDUCED_MODELS: usize = 2;
 
@@ -225,7 +225,7 @@ impl Combining {
             bytes: 0,
         };
         c.slack = c.slack(None);
-        c.until = now + COMBINE_MS + 4 * c.slack;
+        c.until = now + c.wait();
         let round = c.rules.round;
         if sources.is_empty() {
             for j in 0..c.slices() {
@@ -264,8 +264,13 @@ impl Combining {
     /// ([`super::Config::timed_params`]).
     pub(super) fn timed_for(mut self, params: Option<u64>) -> Self {
         self.slack = self.slack(params);
-        self.until = self.until.max(self.started + COMBINE_MS + 4 * self.slack);
+        self.until = self.until.max(self.started + self.wait());
         self
+    }
+
+    /// How long the round may go without progress: [`COMBINE_MS`] and the reducers' slack.
+    fn wait(&self) -> Millis {
+        COMBINE_MS + 4 * self.slack
     }
 
     /// Starts gathering slice `j` of every member: ours from `own`, the others' fetched.
@@ -363,7 +368,7 @@ impl Combining {
     /// [`COMBINE_LIMIT_FACTOR`] times that after it began.
     fn progressed(&mut self, now: Millis) {
         self.progress = self.progress.max(now);
-        let wait = COMBINE_MS + 4 * self.slack;
+        let wait = self.wait();
         let cap = self.started + COMBINE_LIMIT_FACTOR * wait;
         self.until = (now + wait).min(cap).max(self.until);
     }
@@ -589,7 +594,7 @@ impl Combining {
                     && !c.asked.contains_key(&j)
                     && !c.work.get(&j).is_some_and(|w| w.role == Role::Compute)
             };
-            let quiet_since = self.started.max(self.progress);
+            let quiet_since = self.progress;
             if now >= quiet_since + REDUCED_GRACE_MS + self.slack {
                 for j in 0..self.slices() {
                     let (red, chk) = assigned(&self.members, self.rules.round, j);
