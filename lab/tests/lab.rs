@@ -214,6 +214,8 @@ fn links_times_rounds_over_slow_and_fast_emulated_links() {
         "false,true",
         "--json",
         json.to_str().unwrap(),
+        "--dir",
+        dir.path().join("runs").to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let file: serde_json::Value =
@@ -255,8 +257,39 @@ fn links_times_rounds_over_slow_and_fast_emulated_links() {
     );
     for (slow, fast) in [(0, 2), (1, 3)] {
         assert_eq!(
-            runs[slow]["final_val_loss"], runs[fast]["final_val_loss"],
-            "{file}"
+            runs[slow]["final_val_loss"],
+            runs[fast]["final_val_loss"],
+            "{file}\nthe nodes' rounds:\n{}",
+            rounds_of_every_run(&dir.path().join("runs"))
         );
     }
+}
+
+/// Every node's completed rounds in every run under `dir` (what a failure needs to be read).
+fn rounds_of_every_run(dir: &std::path::Path) -> String {
+    let mut out = String::new();
+    let mut runs: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    runs.sort();
+    for run in runs {
+        for node in 0..2 {
+            let events = run.join(format!("node{node}.events.jsonl"));
+            for line in std::fs::read_to_string(&events).unwrap_or_default().lines() {
+                if line.contains("round_completed") || line.contains("yield") {
+                    out += &format!("{} node{node}: {line}\n", run.display());
+                }
+            }
+            let log = run.join(format!("node{node}.log"));
+            for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
+                if line.contains("budget") || line.contains("WARN") {
+                    out += &format!("{} node{node}: {line}\n", run.display());
+                }
+            }
+        }
+    }
+    out
 }

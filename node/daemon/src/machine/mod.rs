@@ -94,6 +94,9 @@ pub const STASH_PER_SENDER: usize = 4;
 pub const MAX_DIVERGED_IN_A_ROW: u32 = 3;
 /// A round's time budget: this many times the median live peer's expected training time.
 pub const BUDGET_FACTOR: f64 = 1.5;
+/// A round's training budget is never shorter than this: below it, the noise of a busy machine
+/// (loading the model, other processes) would cut a node's steps, not its being slow.
+pub const MIN_TRAIN_BUDGET_MS: Millis = 2_000;
 /// How often a bootstrap looks for a newer state to verify.
 pub const FOLLOW_MS: Millis = 500;
 /// Verified improvements (a replay or an attested download each) per alignment.

@@ -144,7 +144,7 @@ impl RoundMachine {
 
 /// A round's training budget in milliseconds for `tokens` tokens given the live nodes' speeds
 /// (tokens/s): [`BUDGET_FACTOR`] × the time the median node needs (the upper median of an even
-/// count). `None` with fewer than two known speeds. A node slower than that sends a smaller
+/// count), and at least [`MIN_TRAIN_BUDGET_MS`]. `None` with fewer than two known speeds. A node slower than that sends a smaller
 /// contribution; nobody waits for it past the budget, and nobody shuts it out.
 pub fn round_budget(mut speeds: Vec<f64>, tokens: f64) -> Option<Millis> {
     speeds.retain(|s| s.is_finite() && *s > 0.0);
@@ -153,5 +153,5 @@ pub fn round_budget(mut speeds: Vec<f64>, tokens: f64) -> Option<Millis> {
     }
     speeds.sort_by(f64::total_cmp);
     let median = speeds[speeds.len() / 2];
-    Some((BUDGET_FACTOR * tokens / median * 1000.0) as Millis)
+    Some(((BUDGET_FACTOR * tokens / median * 1000.0) as Millis).max(MIN_TRAIN_BUDGET_MS))
 }

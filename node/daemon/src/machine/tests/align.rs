@@ -272,6 +272,12 @@ fn the_budget_follows_the_median_node_not_the_slowest() {
     // budget.
     assert!(round_budget(vec![1000.0], 10_000.0).is_none());
     assert!(round_budget(vec![f64::NAN, 0.0, 500.0], 10_000.0).is_none());
+    // Rounds of a fraction of a second: a busy machine, not a slow node, would miss 1.5 × the
+    // median (0.3 s here), so nobody's steps are cut before two seconds.
+    assert_eq!(
+        round_budget(vec![10_000.0, 10_000.0], 2_000.0),
+        Some(crate::machine::MIN_TRAIN_BUDGET_MS)
+    );
 }
 
 #[test]
