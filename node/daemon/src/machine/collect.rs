@@ -145,15 +145,17 @@ impl RoundMachine {
             return;
         };
         let mut ask: Vec<(Key, Key)> = vec![];
-        let mut lists_wanted = vec![];
+        // Peers holding more than we do whose lists we lack: (count, our order, peer, root).
+        let mut richer: Vec<(u32, Key, Key, Hash32)> = vec![];
+        let known = self.known_lists();
         for (p, s) in self.trainer_peers().filter(|(_, s)| s.round == r) {
-            let listed: Vec<Key> = match self.lists_of(p) {
+            let listed: Vec<Key> = match known.holding.get(&s.holding_root) {
                 Some(l) => l.holding.clone(),
                 None => {
                     let more = s.holding as usize > c.collected.len();
                     let lately = c.lists_asked.get(p).is_some_and(|at| now < at + LOOKUP_MS);
                     if more && patient && !lately {
-                        lists_wanted.push(*p);
+                        richer.push((s.holding, self.spread(p), *p, s.holding_root));
                     }
                     if s.phase == Phase::Collecting && s.state_hash == self.hash {
                         vec![*p]
@@ -179,6 +181,20 @@ impl RoundMachine {
                 ask.push((*p, *k));
             }
         }
+        // Only the richest few within a look-up's time: one list names all a peer holds.
+        let asked_lately = c
+            .lists_asked
+            .values()
+            .filter(|at| now < **at + LOOKUP_MS)
+            .count();
+        richer.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut roots = BTreeSet::new();
+        let lists_wanted: Vec<Key> = richer
+            .into_iter()
+            .filter(|(_, _, _, root)| roots.insert(*root))
+            .take(LIST_ASKS_PER_LOOKUP.saturating_sub(asked_lately))
+            .map(|(_, _, p, _)| p)
+            .collect();
         if let Stage::Collecting(c) = &mut self.stage {
             for (p, k) in &ask {
                 c.asked.insert(*k, (*p, now));

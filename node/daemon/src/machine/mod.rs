@@ -86,6 +86,13 @@ pub const REPLAY_TIMEOUT_MS: Millis = 60_000;
 pub const STATE_DOWNLOAD_MS: Millis = 1_800_000;
 /// Most contributions fetched while reconciling one round (beyond those of the members).
 pub const MAX_RECONCILE_FETCHES: usize = 64;
+/// Peers a collecting node asks for their lists within one [`LOOKUP_MS`]: the richest ones (one
+/// list names all they hold), not every peer holding more than we do, which is O(N) lists of
+/// O(N) entries a node a round.
+pub const LIST_ASKS_PER_LOOKUP: usize = 2;
+/// Lists a reconciling node asks for at once: one peer for each distinct set (peers whose
+/// statuses commit to the same root hold the same list), the largest sets first.
+pub const RECONCILE_LIST_ASKS: usize = 4;
 /// Most early contributions (for a round not reached yet) kept in an open swarm.
 pub const MAX_STASHED: usize = 64;
 /// Early contributions kept per sender and round (as many as a peer may have queued).

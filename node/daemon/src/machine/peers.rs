@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// Lists peers sent, by the root of the list each serves (see [`RoundMachine::known_lists`]).
+#[derive(Default)]
+pub(super) struct KnownLists {
+    /// By `holding_root`: the senders a peer holds for its round.
+    pub(super) holding: BTreeMap<Hash32, Arc<StatusLists>>,
+    /// By `formed_root`: the contributions that formed a peer's state.
+    pub(super) formed: BTreeMap<Hash32, Arc<StatusLists>>,
+}
+
 impl RoundMachine {
     /// Records a peer's status unless we hold a newer one from it.
     pub(super) fn note_status(
@@ -74,9 +83,29 @@ impl RoundMachine {
         self.out.push(Output::AskLists(peers));
     }
 
-    /// The lists a peer's current status commits to, when it sent them.
-    pub(super) fn lists_of(&self, k: &Key) -> Option<&Arc<StatusLists>> {
-        self.peers.get(k)?.lists.as_ref()
+    /// The lists peers sent, by the roots they match: peers whose statuses commit to the same
+    /// root hold the same list, so one copy serves them all.
+    pub(super) fn known_lists(&self) -> KnownLists {
+        let mut known = KnownLists::default();
+        for p in self.peers.values() {
+            if let (Some(s), Some(l)) = (&p.status, &p.lists) {
+                known
+                    .holding
+                    .entry(s.holding_root)
+                    .or_insert_with(|| l.clone());
+                known
+                    .formed
+                    .entry(s.formed_root)
+                    .or_insert_with(|| l.clone());
+            }
+        }
+        known
+    }
+
+    /// This node's order among peers that are otherwise alike (their keys XOR ours): each node
+    /// has its own, so a swarm's nodes do not all ask the same peer.
+    pub(super) fn spread(&self, p: &Key) -> Key {
+        std::array::from_fn(|i| p[i] ^ self.me[i])
     }
 
     /// Asks every connected peer for its status; the stages that need fresh statuses wait for

@@ -102,14 +102,33 @@ impl RoundMachine {
         };
         let keys: Vec<Key> = collected.keys().copied().collect();
         let (holding, formed) = (holding_root(&keys), formed_root(&ids(collected)));
-        let wanted: Vec<Key> = self
-            .trainer_peers()
-            .filter(|(p, s)| {
-                let differs = (s.round == r && s.holding_root != holding)
-                    || (s.round == r + 1 && s.formed_root != formed);
-                differs && self.lists_of(p).is_none()
-            })
-            .map(|(p, _)| *p)
+        let known = self.known_lists();
+        // One peer for each set we lack the list of (the peers committing to one root hold one
+        // list), this node's own pick among them; the largest sets first, a few at a time.
+        let mut sets: BTreeMap<(bool, Hash32), (u32, Key, Key)> = BTreeMap::new();
+        for (p, s) in self.trainer_peers() {
+            let set = if s.round == r && s.holding_root != holding {
+                (!known.holding.contains_key(&s.holding_root))
+                    .then_some(((false, s.holding_root), s.holding))
+            } else if s.round == r + 1 && s.formed_root != formed {
+                (!known.formed.contains_key(&s.formed_root))
+                    .then_some(((true, s.formed_root), s.formed))
+            } else {
+                None
+            };
+            let Some((set, count)) = set else { continue };
+            let order = self.spread(p);
+            let e = sets.entry(set).or_insert((count, order, *p));
+            if order < e.1 {
+                *e = (count, order, *p);
+            }
+        }
+        let mut sets: Vec<(u32, Key, Key)> = sets.into_values().collect();
+        sets.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let wanted: Vec<Key> = sets
+            .into_iter()
+            .take(RECONCILE_LIST_ASKS)
+            .map(|(_, _, p)| p)
             .collect();
         if let Stage::Reconciling(rc) = &mut self.stage {
             rc.lists_asked += 1;
@@ -129,8 +148,14 @@ impl RoundMachine {
         let mut wanted: BTreeMap<Key, Vec<(Key, Option<Hash32>)>> = BTreeMap::new();
         let mut count = 0;
         let cap = MAX_RECONCILE_FETCHES + members.as_ref().map_or(0, Vec::len);
+        let known = self.known_lists();
         for (p, s) in self.trainer_peers() {
-            let Some(lists) = self.lists_of(p) else {
+            let lists = if s.round == r {
+                known.holding.get(&s.holding_root)
+            } else {
+                known.formed.get(&s.formed_root)
+            };
+            let Some(lists) = lists else {
                 continue;
             };
             let listed: Vec<(Key, Option<Hash32>)> = if s.round == r {

@@ -472,3 +472,66 @@ fn reduced_slices_that_come_before_the_round_is_combined_are_all_kept_for_it() {
     m.handle(T0, mean_of(0, 200));
     assert_eq!(m.early_reduced.len(), 130);
 }
+
+#[test]
+fn a_collecting_node_asks_the_richest_few_peers_for_their_lists_not_every_richer_one() {
+    let (mut m, keys) = node(10);
+    let g = m.hash();
+    let _ = collecting(&mut m, &keys);
+    let me = m.key();
+    // Every peer holds more than we do: all of us, and i contributions of senders that are not
+    // connected to us (peer 11 the most).
+    let holding = |k: &Key| -> Vec<Key> {
+        let extra = keys.iter().position(|x| x == k).unwrap_or(0) as u8 + 1;
+        [vec![me], keys.clone(), (60..60 + extra).map(pk).collect()].concat()
+    };
+    let answer =
+        |k: &Key, now: Millis| Some(status(0, g, Phase::Collecting, now).with_holding(holding(k)));
+    let mut outs = vec![];
+    for k in &keys {
+        outs.extend(m.handle(
+            T0 + 1_100,
+            Input::Status {
+                from: *k,
+                status: answer(k, T0 + 1_100).unwrap().wire(),
+            },
+        ));
+    }
+    let extras: BTreeSet<Key> = (60..71).map(pk).collect();
+    let mut now = T0 + 1_100;
+    let mut asked: Vec<(Millis, Key)> = vec![];
+    let mut fetched_from = BTreeSet::new();
+    let mut pending = outs;
+    while now < T0 + 1_100 + 2 * LOOKUP_MS {
+        now += CONFIRM_MS;
+        let mut outs = answer_asks(&mut m, now, &pending, |k| answer(k, now));
+        outs.extend(m.handle(now, Input::Tick));
+        for o in &outs {
+            match o {
+                Output::AskLists(peers) => asked.extend(peers.iter().map(|p| (now, *p))),
+                Output::Fetch { from, sender, .. } if extras.contains(sender) => {
+                    fetched_from.insert(*from);
+                }
+                _ => {}
+            }
+        }
+        pending = outs;
+    }
+    let first: Vec<Key> = asked
+        .iter()
+        .filter(|(at, _)| *at < T0 + 1_100 + LOOKUP_MS)
+        .map(|(_, p)| *p)
+        .collect();
+    assert!(
+        !first.is_empty() && first.len() <= LIST_ASKS_PER_LOOKUP,
+        "asked {} of 10 richer peers for their lists within one look-up: {asked:?}",
+        first.len()
+    );
+    assert_eq!(first[0], pk(11), "the richest peer is asked first");
+    // Its list names every sender the others hold: what we lack is fetched from the peers
+    // whose lists we asked for.
+    assert!(
+        !fetched_from.is_empty() && fetched_from.iter().all(|p| first.contains(p)),
+        "fetched from {fetched_from:?}"
+    );
+}
