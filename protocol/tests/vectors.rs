@@ -4,6 +4,7 @@
 use ed25519_dalek::SigningKey;
 use nightshift_protocol::message::Phase;
 use nightshift_protocol::signed::EnvelopeHeader;
+use nightshift_protocol::slices::{Reduced, ReducedSlice, sign_reduced};
 use nightshift_protocol::{
     Contribution, ContributionId, DeltaCodec, EncodedDelta, Hash32, NodeRole, PayloadKind, Request,
     SignedEnvelope, Status, StatusLists, delta, wire,
@@ -76,6 +77,33 @@ fn status_encoding_is_frozen() {
 }
 
 #[test]
+fn reduced_slice_encoding_is_frozen() {
+    // A reduced slice travels as one payload with each signer's header and signature beside it.
+    let payload = ReducedSlice {
+        index: 1,
+        slices: 4,
+        inputs: Hash32::of(&[b"inputs"]),
+        count: 3,
+        mean: EncodedDelta {
+            codec: DeltaCodec::Int8 { block: 64 },
+            len: 3,
+            body: vec![4, 5, 6],
+        },
+        mean_sq: 0.25,
+        spread: 1.5,
+    };
+    let (swarm, base) = (Hash32::of(&[b"swarm"]), Hash32::of(&[b"base"]));
+    let signed = [1u8, 2]
+        .map(|k| sign_reduced(&SigningKey::from_bytes(&[k; 32]), swarm, 5, base, &payload))
+        .to_vec();
+    let reduced = Reduced { signed };
+    let encoded = wire::encode(&reduced);
+    let back: Reduced = wire::decode(&encoded, encoded.len()).unwrap();
+    assert_eq!(back, reduced);
+    assert_eq!(Hash32::of(&[&encoded]).to_hex(), VECTOR_REDUCED_SHA256);
+}
+
+#[test]
 fn int8_body_layout_is_frozen() {
     // One block of 4 values: scale 0.5/127 (f32 LE) then q = [127, -127, 0, 64].
     let scale = 0.5f32 / 127.0;
@@ -95,3 +123,5 @@ const VECTOR_ENVELOPE_SHA256: &str =
     "5949f9ed87efc57697b512e4d2c5a22a6cb2f2eb940168846583d214aff78a34";
 const VECTOR_STATUS_SHA256: &str =
     "f57a8cb831f0b6f0a934d7961024f8e2a624e6f1468d3b1085f851314ef75e38";
+const VECTOR_REDUCED_SHA256: &str =
+    "dc7b90bdd48bff4ca4e78576933679ed1452bf53bd42cd3ce96cceade36d4069";
