@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::slices::{Reduced, Slice};
+use crate::slices::{Reduced, SliceAnswer};
 use crate::{EncodedDelta, Hash32, SignedEnvelope, SignedManifest};
 
 pub use crate::status::{
@@ -263,11 +263,13 @@ pub enum Request {
     /// "Here is a reduced slice": a reducer's, to the slice's checker; the checker's, signed by
     /// both, to every peer (a swarm that averages slice by slice).
     PushReduced(Reduced),
-    /// "Send me slice `index` of contribution `id` to `round`, if you hold it."
+    /// "Send me slice `index` of contribution `id` to `round`, if you hold it" — with the
+    /// contribution's signed header only when `header` (the asker does not hold it).
     GetSlice {
         round: u64,
         id: ContributionId,
         index: u32,
+        header: bool,
     },
     /// "Send me reduced slice `index` of `round`, signed by both its reducers, if you hold it."
     GetReduced { round: u64, index: u32 },
@@ -301,7 +303,8 @@ pub enum Response {
     StateChunk(Option<StateChunk>),
     /// The request was understood and refused, with the reason.
     Refused(String),
-    Slice(Option<Box<Slice>>),
+    /// Slice `index` of a sliced contribution (its signed header only when asked for).
+    Slice(Option<Box<SliceAnswer>>),
     Reduced(Option<Reduced>),
     /// The responder's signed status and the lists it commits to.
     StatusLists {

@@ -9,7 +9,7 @@ use thiserror::Error;
 use crate::MAX_MESSAGE_BYTES;
 
 /// Version byte at the start of every frame. Bump on any incompatible change.
-pub const WIRE_VERSION: u8 = 7;
+pub const WIRE_VERSION: u8 = 8;
 
 /// Why a frame could not be decoded.
 #[derive(Debug, Error, PartialEq, Eq)]

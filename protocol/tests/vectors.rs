@@ -4,10 +4,10 @@
 use ed25519_dalek::SigningKey;
 use nightshift_protocol::message::Phase;
 use nightshift_protocol::signed::EnvelopeHeader;
-use nightshift_protocol::slices::{Reduced, ReducedSlice, sign_reduced};
+use nightshift_protocol::slices::{Reduced, ReducedSlice, SliceAnswer, sign_reduced};
 use nightshift_protocol::{
     Contribution, ContributionId, DeltaCodec, EncodedDelta, Hash32, NodeRole, PayloadKind, Request,
-    SignedEnvelope, Status, StatusLists, delta, wire,
+    Response, SignedEnvelope, Status, StatusLists, delta, wire,
 };
 
 fn hex(b: &[u8]) -> String {
@@ -104,6 +104,26 @@ fn reduced_slice_encoding_is_frozen() {
 }
 
 #[test]
+fn slice_answer_encoding_is_frozen() {
+    // A slice answers a fetch with its index, values and Merkle path; its header only when
+    // asked for (not here).
+    let answer = Response::Slice(Some(Box::new(SliceAnswer {
+        header: None,
+        index: 2,
+        body: EncodedDelta {
+            codec: DeltaCodec::Int4 { block: 64 },
+            len: 2,
+            body: vec![7, 8],
+        },
+        path: vec![Hash32::of(&[b"leaf"])],
+    })));
+    assert_eq!(
+        Hash32::of(&[&wire::encode(&answer)]).to_hex(),
+        VECTOR_SLICE_ANSWER_SHA256
+    );
+}
+
+#[test]
 fn int8_body_layout_is_frozen() {
     // One block of 4 values: scale 0.5/127 (f32 LE) then q = [127, -127, 0, 64].
     let scale = 0.5f32 / 127.0;
@@ -118,10 +138,12 @@ fn int8_body_layout_is_frozen() {
     assert_eq!(out, vec![0.5, -0.5, 0.0, 64.0 * scale]);
 }
 const VECTOR_REQUEST: &str =
-    "0703fb2c010707070707070707070707070707070707070707070707070707070707070707";
+    "0803fb2c010707070707070707070707070707070707070707070707070707070707070707";
 const VECTOR_ENVELOPE_SHA256: &str =
-    "5949f9ed87efc57697b512e4d2c5a22a6cb2f2eb940168846583d214aff78a34";
+    "fd375e7a61c75c6257447149ca1cc80b2ecc2943825ed7c26790ec6101a29132";
 const VECTOR_STATUS_SHA256: &str =
-    "f57a8cb831f0b6f0a934d7961024f8e2a624e6f1468d3b1085f851314ef75e38";
+    "5e9b344d282dde6db75b073aa0f1571ffb8c587851127e8e178fa1f1a2b60f07";
 const VECTOR_REDUCED_SHA256: &str =
-    "dc7b90bdd48bff4ca4e78576933679ed1452bf53bd42cd3ce96cceade36d4069";
+    "72223ad696fa6187becc23f7ebd10c37c3661adf374e71c8f09dc941d0bb11d9";
+const VECTOR_SLICE_ANSWER_SHA256: &str =
+    "7fe8c0c41f2ec4d12c607fc9b2e1acdf71aa3e02857e294d46df443b4deaf93c";

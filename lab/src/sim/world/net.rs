@@ -170,10 +170,16 @@ impl World {
                 }
             }
             Req::Slice { round, id, index } => {
+                // As the daemon: the answer carries the signed header only when the asker does
+                // not hold it.
+                let asker_holds = self.nodes[a]
+                    .served
+                    .get(&(*round, id.sender))
+                    .is_some_and(|env| ContributionId::of(env) == *id);
                 match self.nodes[b].slices.get(&(*round, *id, *index)).cloned() {
                     Some(slice) => (
                         self.weigh(
-                            wire::encode(&*slice).len() as u64,
+                            wire::encode(&slice.answer(!asker_holds)).len() as u64,
                             slice.body.body.len() as u64,
                         ),
                         Input::Slice { from, slice },

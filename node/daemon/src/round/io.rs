@@ -237,14 +237,37 @@ impl NetIo {
                 id,
                 index,
             } => {
-                let request = Request::GetSlice { round, id, index };
+                // The answer comes without the signed header when we hold it (since the
+                // contribution counted): ours goes with it.
+                let held = self
+                    .net
+                    .served
+                    .current()
+                    .contributions
+                    .get(&(round, id.sender))
+                    .filter(|env| ContributionId::of(env) == id)
+                    .map(|env| (**env).clone());
+                let request = Request::GetSlice {
+                    round,
+                    id,
+                    index,
+                    header: held.is_none(),
+                };
                 self.ask(from, request, move |got| match got {
-                    Some(Response::Slice(Some(slice)))
-                        if slice.index == index && ContributionId::of(&slice.envelope) == id =>
-                    {
-                        Input::Slice {
-                            from,
-                            slice: Arc::new(*slice),
+                    Some(Response::Slice(Some(answer))) if answer.index == index => {
+                        match answer.into_slice(held) {
+                            Some(slice) if ContributionId::of(&slice.envelope) == id => {
+                                Input::Slice {
+                                    from,
+                                    slice: Arc::new(slice),
+                                }
+                            }
+                            _ => Input::SliceNotFound {
+                                from,
+                                round,
+                                id,
+                                index,
+                            },
                         }
                     }
                     _ => Input::SliceNotFound {

@@ -190,11 +190,16 @@ impl EventLoop {
             Request::GetStateChunk { hash, offset, len } => {
                 Response::StateChunk(served.chunk(&hash, offset, len))
             }
-            Request::GetSlice { round, id, index } => Response::Slice(
+            Request::GetSlice {
+                round,
+                id,
+                index,
+                header,
+            } => Response::Slice(
                 served
                     .slices
                     .get(&(round, id, index))
-                    .map(|s| Box::new((**s).clone())),
+                    .map(|s| Box::new(s.answer(header))),
             ),
             Request::GetReduced { round, index } => {
                 Response::Reduced(served.reduced.get(&(round, index)).map(|r| (**r).clone()))
