@@ -463,6 +463,23 @@ def scale_reduce_note():
                    "answers*)")
     wall, rss = wall_rss("docs/bench/scale-reduce.txt")
     out.append(f"the command took {wall / 60:.0f} min, peak RSS {rss / 1024:.1f} GiB")
+    small = "docs/bench/scale-reduce-small.json"
+    if (ROOT / small).exists():
+        d2 = load(small)
+        pr = {r["nodes"]: r for r in d2["runs"] if r["source"] == "processes"}
+        if 4 in pr and 16 in pr:
+            a, b = pr[4], pr[16]
+            swall, _ = wall_rss("docs/bench/scale-reduce-small.txt")
+            out.append(
+                f"with `small` (426,496 parameters, the preset `swarm init` ships), real processes "
+                f"meet issue 26's bound: 16 send **{b['bytes_up_per_node_per_round'] / a['bytes_up_per_node_per_round']:.2f}×** "
+                f"and receive **{b['bytes_down_per_node_per_round'] / a['bytes_down_per_node_per_round']:.2f}×** what 4 do "
+                f"({a['bytes_up_per_node_per_round'] / 1e3:,.0f} and "
+                f"{b['bytes_up_per_node_per_round'] / 1e3:,.0f} KB up a round; states at the end: "
+                f"{a['distinct_final_states']} and {b['distinct_final_states']}; averaging with "
+                f"reducers, which is not the default: all-to-all is; "
+                f"`nightshift-lab scale --averaging reduce --preset small --nodes 4,16 --sim-nodes 4 "
+                f"--rounds {d2['config']['rounds']}`, {d2['commit'][:7]}, {swall / 60:.0f} min, `{small}`)")
     txt = (ROOT / "docs/bench/scale-reduce.txt").read_text()
     if "ran beside" in txt:
         out.append("it ran beside a 1,000-node simulation on the other core, so the process "
