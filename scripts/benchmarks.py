@@ -463,6 +463,11 @@ def scale_reduce_note():
                    "answers*)")
     wall, rss = wall_rss("docs/bench/scale-reduce.txt")
     out.append(f"the command took {wall / 60:.0f} min, peak RSS {rss / 1024:.1f} GiB")
+    txt = (ROOT / "docs/bench/scale-reduce.txt").read_text()
+    if "ran beside" in txt:
+        out.append("it ran beside a 1,000-node simulation on the other core, so the process "
+                   "swarms' round seconds are longer than on an idle machine (bytes are not "
+                   "affected)")
     small = "docs/bench/scale-reduce-small.json"
     if (ROOT / small).exists():
         d2 = load(small)
@@ -480,11 +485,6 @@ def scale_reduce_note():
                 f"reducers, which is not the default: all-to-all is; "
                 f"`nightshift-lab scale --averaging reduce --preset small --nodes 4,16 --sim-nodes 4 "
                 f"--rounds {d2['config']['rounds']}`, {d2['commit'][:7]}, {swall / 60:.0f} min, `{small}`)")
-    txt = (ROOT / "docs/bench/scale-reduce.txt").read_text()
-    if "ran beside" in txt:
-        out.append("it ran beside a 1,000-node simulation on the other core, so the process "
-                   "swarms' round seconds are longer than on an idle machine (bytes are not "
-                   "affected)")
     sim_nodes = ",".join(str(n) for n in d["config"].get("sim_nodes", []))
     return ("; ".join(out) + f". `nightshift-lab scale --averaging reduce --sim-nodes {sim_nodes} "
             f"--sim-params 1000000 --json F` (the simulator computes on 65,536 values and counts "
