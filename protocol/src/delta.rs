@@ -419,12 +419,49 @@ pub fn encode_shaped(
         }
     }
     // Compressing an in-memory buffer only fails on allocation failure.
-    let body = zstd::bulk::compress(&raw, ZSTD_LEVEL).unwrap_or(raw);
+    let body = compress_body(&raw).unwrap_or(raw);
     EncodedDelta {
         codec,
         len: values.len() as u32,
         body,
     }
+}
+
+thread_local! {
+    /// One zstd context each way per thread: creating one allocates and initialises more state
+    /// than a small slice takes to code, and a node codes hundreds of slices a round.
+    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `raw` compressed at [`ZSTD_LEVEL`], with this thread's context.
+fn compress_body(raw: &[u8]) -> std::io::Result<Vec<u8>> {
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            *c = Some(zstd::bulk::Compressor::new(ZSTD_LEVEL)?);
+        }
+        c.as_mut().map_or_else(
+            || zstd::bulk::compress(raw, ZSTD_LEVEL),
+            |c| c.compress(raw),
+        )
+    })
+}
+
+/// `body` decompressed into at most `capacity` bytes, with this thread's context.
+fn decompress_body(body: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
+    DECOMPRESSOR.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.is_none() {
+            *d = Some(zstd::bulk::Decompressor::new()?);
+        }
+        d.as_mut().map_or_else(
+            || zstd::bulk::decompress(body, capacity),
+            |d| d.decompress(body, capacity),
+        )
+    })
 }
 
 /// Decodes `enc`, which must describe exactly `expected_len` values (a low-rank codec: as one
@@ -456,7 +493,7 @@ pub fn decode_shaped(
     }
     check_params(enc.codec, len)?;
     let expected = raw_body_size_shaped(enc.codec, len, shapes);
-    let raw = zstd::bulk::decompress(&enc.body, expected)
+    let raw = decompress_body(&enc.body, expected)
         .map_err(|e| DeltaError::Decompress(e.to_string()))?;
     if raw.len() != expected {
         return Err(DeltaError::WrongBodySize {

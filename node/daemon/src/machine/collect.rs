@@ -3,6 +3,7 @@
 //! the deadline passes.
 
 use super::accept::accept;
+use super::peers::KnownLists;
 use super::reducer::RoundSlices;
 use super::sliced::accept_header;
 use super::*;
@@ -25,6 +26,9 @@ pub(super) struct Collecting {
     refreshed_at: Millis,
     /// When each peer was last asked for its lists.
     lists_asked: BTreeMap<Key, Millis>,
+    /// What the last look for a missing peer found: the first peer missing (or none), as of
+    /// how many peer changes ([`RoundMachine::any_missing`]).
+    missing_hint: Option<(u64, Option<Key>)>,
 }
 
 impl Collecting {
@@ -46,6 +50,7 @@ impl Collecting {
             wire_delta_bytes,
             refreshed_at: now,
             lists_asked: BTreeMap::new(),
+            missing_hint: None,
         }
     }
 }
@@ -65,6 +70,91 @@ impl RoundMachine {
             Stage::Reconciling(rc) => Some(&mut rc.collecting.collected),
             _ => None,
         }
+    }
+
+    /// Peers working on round `r` whose contributions the collecting stage lacks.
+    fn missing(&self, r: u64) -> usize {
+        let Stage::Collecting(c) = &self.stage else {
+            return 0;
+        };
+        self.working_on(r)
+            .filter(|(k, _)| !c.collected.contains_key(*k))
+            .count()
+    }
+
+    /// Whether a peer working on round `r` has not had its contribution collected. Looked at on
+    /// every input, so it costs O(1) per input, not O(N): the peer found missing last time is
+    /// looked at first (it stays missing until its contribution comes), and when none was, only
+    /// the peers that changed since (collected contributions are never taken back). All peers
+    /// are looked at only when neither says.
+    fn any_missing(&mut self, r: u64) -> bool {
+        let Stage::Collecting(c) = &self.stage else {
+            return false;
+        };
+        let missing = |k: &Key| self.works_on(k, r) && !c.collected.contains_key(k);
+        let known = match c.missing_hint {
+            Some((_, Some(k))) if missing(&k) => Some(Some(k)),
+            Some((seen, None)) => self
+                .changed_since(seen)
+                .map(|mut changed| changed.find(|k| missing(k)).copied()),
+            _ => None,
+        };
+        let first = known.unwrap_or_else(|| {
+            self.working_on(r)
+                .find(|(k, _)| !c.collected.contains_key(*k))
+                .map(|(k, _)| *k)
+        });
+        debug_assert_eq!(
+            first.is_some(),
+            self.working_on(r)
+                .any(|(k, _)| !c.collected.contains_key(k)),
+            "the hint for a missing peer disagrees with a full look"
+        );
+        let seen = self.peer_changes;
+        if let Stage::Collecting(c) = &mut self.stage {
+            c.missing_hint = Some((seen, first));
+        }
+        first.is_some()
+    }
+
+    /// The fetches of a collecting look chosen by walking every peer's list in full: what
+    /// [`Self::collect_step`] computes walking each list once (checked against this in debug
+    /// builds, so every test of the machine runs both).
+    fn fetches_walking_every_list(
+        &self,
+        r: u64,
+        now: Millis,
+        patient: bool,
+        known: &KnownLists,
+    ) -> Vec<(Key, Key)> {
+        let Stage::Collecting(c) = &self.stage else {
+            return vec![];
+        };
+        let mut ask: Vec<(Key, Key)> = vec![];
+        for (p, s) in self.trainer_peers().filter(|(_, s)| s.round == r) {
+            let listed: Vec<Key> = match known.holding.get(&s.holding_root) {
+                Some(l) => l.holding.clone(),
+                None if s.phase == Phase::Collecting && s.state_hash == self.hash => vec![*p],
+                None => vec![],
+            };
+            for k in &listed {
+                let direct = self.peers.get(k).is_some_and(|x| x.connected);
+                let asked_lately = c
+                    .asked
+                    .get(k)
+                    .is_some_and(|(_, at)| now < at + FETCH_TIMEOUT_MS);
+                if c.collected.contains_key(k)
+                    || asked_lately
+                    || c.failed.contains(&(*k, *p))
+                    || ask.iter().any(|(_, s)| s == k)
+                    || (direct && !patient)
+                {
+                    continue;
+                }
+                ask.push((*p, *k));
+            }
+        }
+        ask
     }
 
     pub(super) fn collect_step(&mut self, now: Millis, tick: bool) {
@@ -91,16 +181,16 @@ impl RoundMachine {
             self.begin_round(now);
             return;
         }
+        if !matches!(self.stage, Stage::Collecting(_)) {
+            return;
+        }
+        let any_missing = self.any_missing(r);
         let Stage::Collecting(c) = &self.stage else {
             return;
         };
-        let missing = self
-            .working_on(r)
-            .filter(|(k, _)| !c.collected.contains_key(*k))
-            .count();
         let (deadline, quiet_since, pushed_at, refreshed_at) =
             (c.deadline, c.quiet_since, c.pushed_at, c.refreshed_at);
-        if missing == 0 {
+        if !any_missing {
             match quiet_since {
                 // Before closing, look at the peers once more: one that resumed or joined the
                 // round a moment ago would otherwise be left out (a fork, repaired but a fork).
@@ -121,6 +211,7 @@ impl RoundMachine {
             c.quiet_since = None;
         }
         if now >= deadline {
+            let missing = self.missing(r);
             self.out
                 .push(Output::Note(Note::DeadlinePassed { round: r, missing }));
             return self.start_reconcile(now, missing);
@@ -148,39 +239,61 @@ impl RoundMachine {
         // Peers holding more than we do whose lists we lack: (count, our order, peer, root).
         let mut richer: Vec<(u32, Key, Key, Hash32)> = vec![];
         let known = self.known_lists();
+        // Senders settled this look: asked of a holder, or not to be asked of anyone.
+        let mut settled: BTreeSet<Key> = BTreeSet::new();
+        // Lists walked, by root, with the senders passed over only because every holder of
+        // that list met so far failed to give them: a peer serving a list already walked can
+        // add only those (peers committing to one root are often most of the swarm, and
+        // walking its list again for each would cost O(N²) a look).
+        let mut walked: BTreeMap<Hash32, Vec<Key>> = BTreeMap::new();
         for (p, s) in self.trainer_peers().filter(|(_, s)| s.round == r) {
-            let listed: Vec<Key> = match known.holding.get(&s.holding_root) {
-                Some(l) => l.holding.clone(),
+            let list = known.holding.get(&s.holding_root);
+            let own;
+            let listed: &[Key] = match list {
+                Some(_) if walked.contains_key(&s.holding_root) => &walked[&s.holding_root],
+                Some(l) => &l.holding,
                 None => {
                     let more = s.holding as usize > c.collected.len();
                     let lately = c.lists_asked.get(p).is_some_and(|at| now < at + LOOKUP_MS);
                     if more && patient && !lately {
                         richer.push((s.holding, self.spread(p), *p, s.holding_root));
                     }
+                    own = [*p];
                     if s.phase == Phase::Collecting && s.state_hash == self.hash {
-                        vec![*p]
+                        &own
                     } else {
-                        vec![]
+                        &[]
                     }
                 }
             };
-            for k in &listed {
+            let mut passed = vec![];
+            for k in listed {
+                if settled.contains(k) {
+                    continue;
+                }
                 let direct = self.peers.get(k).is_some_and(|x| x.connected);
                 let asked_lately = c
                     .asked
                     .get(k)
                     .is_some_and(|(_, at)| now < at + FETCH_TIMEOUT_MS);
-                if c.collected.contains_key(k)
-                    || asked_lately
-                    || c.failed.contains(&(*k, *p))
-                    || ask.iter().any(|(_, s)| s == k)
-                    || (direct && !patient)
-                {
-                    continue;
+                if c.collected.contains_key(k) || asked_lately || (direct && !patient) {
+                    settled.insert(*k);
+                } else if c.failed.contains(&(*k, *p)) {
+                    passed.push(*k);
+                } else {
+                    ask.push((*p, *k));
+                    settled.insert(*k);
                 }
-                ask.push((*p, *k));
+            }
+            if list.is_some() {
+                walked.insert(s.holding_root, passed);
             }
         }
+        debug_assert_eq!(
+            ask,
+            self.fetches_walking_every_list(r, now, patient, &known),
+            "walking each list once chose other fetches than walking every peer's"
+        );
         // Only the richest few within a look-up's time: one list names all a peer holds.
         let asked_lately = c
             .lists_asked

@@ -225,6 +225,10 @@ pub struct RoundMachine {
     asking: Option<(BTreeSet<Key>, Millis)>,
     /// When every peer was last asked for its status.
     refreshed_at: Millis,
+    /// Changes to peers' statuses or connections, counted, and the peers of the latest ones
+    /// (what lets the collecting stage look at a few peers per input instead of all of them).
+    peer_changes: u64,
+    recent_changes: std::collections::VecDeque<Key>,
     available: bool,
     stage: Stage,
     just_synced: bool,
@@ -268,6 +272,8 @@ impl RoundMachine {
             round_started: BTreeMap::new(),
             asking: None,
             refreshed_at: 0,
+            peer_changes: 0,
+            recent_changes: std::collections::VecDeque::new(),
             available: true,
             stage: Stage::Starting,
             just_synced: false,
@@ -412,6 +418,7 @@ impl RoundMachine {
             Input::Tick => {}
             Input::Connected(k) => {
                 self.peers.entry(k).or_default().connected = true;
+                self.peer_changed(k);
                 self.out.push(Output::Greet(k));
             }
             Input::Disconnected(k) => {
@@ -420,6 +427,7 @@ impl RoundMachine {
                     p.status = None;
                     p.lists = None;
                 }
+                self.peer_changed(k);
                 self.answered(k);
             }
             Input::Status { from, status } => self.note_status(now, from, status, None),
@@ -495,7 +503,7 @@ impl RoundMachine {
             let before = self.stage();
             match &self.stage {
                 Stage::Starting => {
-                    if self.done() || self.live_peers() >= self.cfg.min_peers {
+                    if self.done() || self.live_peers_reach(self.cfg.min_peers) {
                         self.begin_round(now);
                     } else if tick && now >= self.refreshed_at + STATUS_REFRESH_MS {
                         // A greeting lost (or one that never came: a peer that restarted

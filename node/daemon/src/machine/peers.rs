@@ -53,6 +53,22 @@ impl RoundMachine {
             self.round_started.retain(|r, _| *r >= keep);
         }
         p.status = Some(status);
+        self.peer_changed(from);
+    }
+
+    /// Notes that `k`'s status or connection changed (see [`RECENT_CHANGES`]).
+    pub(super) fn peer_changed(&mut self, k: Key) {
+        self.peer_changes += 1;
+        self.recent_changes.push_back(k);
+        if self.recent_changes.len() > RECENT_CHANGES {
+            self.recent_changes.pop_front();
+        }
+    }
+
+    /// The peers changed since `seen` changes, when all of them are still remembered.
+    pub(super) fn changed_since(&self, seen: u64) -> Option<impl Iterator<Item = &Key>> {
+        let new = usize::try_from(self.peer_changes.checked_sub(seen)?).ok()?;
+        (new <= self.recent_changes.len()).then(|| self.recent_changes.iter().rev().take(new))
     }
 
     pub(super) fn answered(&mut self, from: Key) {
@@ -137,11 +153,23 @@ impl RoundMachine {
         })
     }
 
-    /// Trainer peers that are not paused.
-    pub(super) fn live_peers(&self) -> usize {
+    /// At least `n` live peers (stops counting there: looked at on every input while starting).
+    pub(super) fn live_peers_reach(&self, n: usize) -> bool {
         self.trainer_peers()
             .filter(|(_, s)| s.phase != Phase::Paused)
+            .take(n)
             .count()
+            >= n
+    }
+
+    /// Whether peer `k` is one of [`Self::working_on`]`(r)`.
+    pub(super) fn works_on(&self, k: &Key, r: u64) -> bool {
+        self.peers.get(k).is_some_and(|p| {
+            p.status.as_ref().is_some_and(|s| {
+                p.connected && s.role == NodeRole::Trainer && s.phase != Phase::Done
+                    && working_on_status(s, r, &self.hash)
+            })
+        })
     }
 
     /// Peers working on round `r` from our state (about to train, training or collecting): the
@@ -149,10 +177,18 @@ impl RoundMachine {
     /// contributions we refuse, so nobody waits for it.
     pub(super) fn working_on(&self, r: u64) -> impl Iterator<Item = (&Key, &Status)> {
         let ours = self.hash;
-        self.trainer_peers().filter(move |(_, s)| {
-            s.round == r
-                && s.state_hash == ours
-                && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting)
-        })
+        self.trainer_peers()
+            .filter(move |(_, s)| working_on_status(s, r, &ours))
     }
+}
+
+/// How many of the latest peer changes the machine remembers: enough for the inputs between two
+/// looks of the collecting stage (one, usually), few enough to cost nothing.
+const RECENT_CHANGES: usize = 64;
+
+/// A trainer peer's status says it works on round `r` from the state `ours`.
+fn working_on_status(s: &Status, r: u64, ours: &Hash32) -> bool {
+    s.round == r
+        && s.state_hash == *ours
+        && matches!(s.phase, Phase::Ready | Phase::Training | Phase::Collecting)
 }
