@@ -68,6 +68,20 @@ fn slice_ranges_cover_the_values_in_whole_blocks() {
     assert_eq!(r.unwrap(), vec![0..384, 384..768, 768..1000]);
 }
 
+#[test]
+fn the_whole_tree_at_once_gives_the_root_and_every_path_one_at_a_time_gives() {
+    assert_eq!(merkle_tree(&[]), (Hash32::default(), vec![]));
+    for n in 1..=70 {
+        let l = leaves(n);
+        let (root, paths) = merkle_tree(&l);
+        assert_eq!(root, merkle_root(&l), "root of {n} leaves");
+        assert_eq!(paths.len(), n);
+        for (i, p) in paths.iter().enumerate() {
+            assert_eq!(*p, merkle_path(&l, i), "path of leaf {i} of {n}");
+        }
+    }
+}
+
 proptest! {
     #[test]
     fn every_leaf_proves_its_place_and_no_other(n in 1usize..70, pick in any::<usize>()) {
