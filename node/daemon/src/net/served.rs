@@ -143,14 +143,14 @@ mod tests {
     fn a_snapshot_a_reader_holds_never_changes_and_one_nobody_holds_is_changed_in_place() {
         let served = ServedHandle::new(Served::new(None));
         let held = served.current();
-        served.update(|s| s.genesis = Some([1; 32]));
+        served.update(|s| s.genesis = Some(Hash32([1; 32])));
         assert_eq!(held.genesis, None, "a snapshot changed under its reader");
-        assert_eq!(served.current().genesis, Some([1; 32]));
+        assert_eq!(served.current().genesis, Some(Hash32([1; 32])));
         drop(held);
         let before = Arc::as_ptr(&served.current());
-        served.update(|s| s.genesis = Some([2; 32]));
+        served.update(|s| s.genesis = Some(Hash32([2; 32])));
         let now = served.current();
-        assert_eq!(now.genesis, Some([2; 32]));
+        assert_eq!(now.genesis, Some(Hash32([2; 32])));
         assert_eq!(
             Arc::as_ptr(&now),
             before,
