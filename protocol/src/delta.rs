@@ -493,8 +493,8 @@ pub fn decode_shaped(
     }
     check_params(enc.codec, len)?;
     let expected = raw_body_size_shaped(enc.codec, len, shapes);
-    let raw = decompress_body(&enc.body, expected)
-        .map_err(|e| DeltaError::Decompress(e.to_string()))?;
+    let raw =
+        decompress_body(&enc.body, expected).map_err(|e| DeltaError::Decompress(e.to_string()))?;
     if raw.len() != expected {
         return Err(DeltaError::WrongBodySize {
             got: raw.len(),

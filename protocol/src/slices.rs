@@ -491,14 +491,30 @@ pub fn open_header(
     envelope: &SignedEnvelope,
     ctx: &SliceContext<'_>,
 ) -> Result<SlicedContribution, SliceError> {
-    let payload = envelope.verify(&Expectation {
-        kind: PayloadKind::SlicedContribution,
-        swarm_id: ctx.swarm_id,
-        round: ctx.round,
-        base_hash: ctx.base_hash,
-        allowlist: ctx.allowlist,
-        max_payload: MAX_SLICED_HEADER_BYTES,
-    })?;
+    open_header_unless_verified(envelope, ctx, None)
+}
+
+/// [`open_header`] without checking the signature again when `envelope` is byte for byte
+/// `verified` (see [`SignedEnvelope::verify_unless_verified`]).
+///
+/// # Errors
+/// As [`open_header`].
+pub fn open_header_unless_verified(
+    envelope: &SignedEnvelope,
+    ctx: &SliceContext<'_>,
+    verified: Option<&SignedEnvelope>,
+) -> Result<SlicedContribution, SliceError> {
+    let payload = envelope.verify_unless_verified(
+        &Expectation {
+            kind: PayloadKind::SlicedContribution,
+            swarm_id: ctx.swarm_id,
+            round: ctx.round,
+            base_hash: ctx.base_hash,
+            allowlist: ctx.allowlist,
+            max_payload: MAX_SLICED_HEADER_BYTES,
+        },
+        verified,
+    )?;
     let header: SlicedContribution = wire::decode(payload, MAX_SLICED_HEADER_BYTES)?;
     check_header(&header, ctx)?;
     Ok(header)
@@ -511,7 +527,20 @@ pub fn open_header(
 /// # Errors
 /// The first reason the slice is unacceptable.
 pub fn open_slice(slice: &Slice, ctx: &SliceContext<'_>) -> Result<OpenedSlice, SliceError> {
-    let header = open_header(&slice.envelope, ctx)?;
+    open_slice_unless_verified(slice, ctx, None)
+}
+
+/// [`open_slice`] without checking the header's signature again when the slice carries, byte
+/// for byte, the header `verified` (see [`SignedEnvelope::verify_unless_verified`]).
+///
+/// # Errors
+/// As [`open_slice`].
+pub fn open_slice_unless_verified(
+    slice: &Slice,
+    ctx: &SliceContext<'_>,
+    verified: Option<&SignedEnvelope>,
+) -> Result<OpenedSlice, SliceError> {
+    let header = open_header_unless_verified(&slice.envelope, ctx, verified)?;
     if slice.index >= header.slices {
         return Err(SliceError::NoSuchSlice {
             index: slice.index,

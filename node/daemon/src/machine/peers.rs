@@ -166,7 +166,9 @@ impl RoundMachine {
     pub(super) fn works_on(&self, k: &Key, r: u64) -> bool {
         self.peers.get(k).is_some_and(|p| {
             p.status.as_ref().is_some_and(|s| {
-                p.connected && s.role == NodeRole::Trainer && s.phase != Phase::Done
+                p.connected
+                    && s.role == NodeRole::Trainer
+                    && s.phase != Phase::Done
                     && working_on_status(s, r, &self.hash)
             })
         })

@@ -17,7 +17,7 @@ use ed25519_dalek::SigningKey;
 use nightshift_model::outer::{NoiseSums, WeightedDelta};
 use nightshift_protocol::slices::{
     OpenedSlice, ReducedInput, ReducedSlice, Slice, SliceContext, SliceError, inputs_digest,
-    open_reduced, open_slice, sign_reduced,
+    open_reduced, open_slice_unless_verified, sign_reduced,
 };
 use nightshift_protocol::{ContributionId, Hash32, SignedEnvelope, wire};
 use std::collections::BTreeMap;
@@ -86,6 +86,19 @@ impl Reducer {
     /// A slice that does not check out, of another slice, a second contribution by one sender
     /// (both are kept out of nothing: the first stays), or one past the round's bound.
     pub fn offer(&mut self, slice: &Slice) -> Result<bool, Refused> {
+        self.offer_verified(slice, None)
+    }
+
+    /// [`Self::offer`], with the header the caller already verified for this contribution: a
+    /// slice that carries it byte for byte has its signature checked no second time.
+    ///
+    /// # Errors
+    /// As [`Self::offer`].
+    pub fn offer_verified(
+        &mut self,
+        slice: &Slice,
+        verified: Option<&SignedEnvelope>,
+    ) -> Result<bool, Refused> {
         if slice.index != self.index {
             return Err(Refused::OtherSlice {
                 got: slice.index,
@@ -107,7 +120,7 @@ impl Reducer {
         if self.inputs.len() >= max {
             return Err(Refused::Full(max));
         }
-        let opened = open_slice(slice, &self.rules.context())?;
+        let opened = open_slice_unless_verified(slice, &self.rules.context(), verified)?;
         self.inputs.insert(id.sender, opened);
         Ok(true)
     }

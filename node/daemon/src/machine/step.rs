@@ -136,18 +136,16 @@ impl RoundMachine {
         self.ask_lists(now, wanted, true);
     }
 
-    /// What the peers hold for this round, or the very contributions that formed their next
-    /// state, that we lack (from the lists they sent); bounded ([`MAX_RECONCILE_FETCHES`]
-    /// beyond the members), since a peer listing senders that do not exist costs a look-up each.
-    fn list_wanted(&mut self, now: Millis) {
+    /// What [`Self::list_wanted`] finds, by walking every peer's list in full (checked against
+    /// it in debug builds, so every test of the machine runs both).
+    fn wanted_walking_every_list(&self, cap: usize) -> BTreeMap<Key, Vec<(Key, Option<Hash32>)>> {
         let r = self.state.round;
-        let members = self.cfg.recipe.allowlist.clone();
-        let Some(collected) = self.collected() else {
-            return;
-        };
+        let members = &self.cfg.recipe.allowlist;
         let mut wanted: BTreeMap<Key, Vec<(Key, Option<Hash32>)>> = BTreeMap::new();
+        let Some(collected) = self.collected() else {
+            return wanted;
+        };
         let mut count = 0;
-        let cap = MAX_RECONCILE_FETCHES + members.as_ref().map_or(0, Vec::len);
         let known = self.known_lists();
         for (p, s) in self.trainer_peers() {
             let lists = if s.round == r {
@@ -180,6 +178,69 @@ impl RoundMachine {
                 wanted.entry(k).or_default().push((*p, d));
             }
         }
+        wanted
+    }
+
+    /// What the peers hold for this round, or the very contributions that formed their next
+    /// state, that we lack (from the lists they sent); bounded ([`MAX_RECONCILE_FETCHES`]
+    /// beyond the members), since a peer listing senders that do not exist costs a look-up each.
+    fn list_wanted(&mut self, now: Millis) {
+        let r = self.state.round;
+        let members = self.cfg.recipe.allowlist.clone();
+        let Some(collected) = self.collected() else {
+            return;
+        };
+        let mut wanted: BTreeMap<Key, Vec<(Key, Option<Hash32>)>> = BTreeMap::new();
+        let mut count = 0;
+        let cap = MAX_RECONCILE_FETCHES + members.as_ref().map_or(0, Vec::len);
+        let known = self.known_lists();
+        let wanted_of = |(k, _): &(Key, Option<Hash32>)| {
+            !collected.contains_key(k) && members.as_ref().is_none_or(|m| m.contains(k))
+        };
+        // What each list names that we lack, worked out once per list: peers committing to one
+        // root share one list, and walking it again for each would cost O(N²).
+        let mut lacking: BTreeMap<(bool, Hash32), Vec<(Key, Option<Hash32>)>> = BTreeMap::new();
+        for (p, s) in self.trainer_peers() {
+            let (set, lists) = if s.round == r {
+                ((false, s.holding_root), known.holding.get(&s.holding_root))
+            } else if s.round == r + 1 {
+                ((true, s.formed_root), known.formed.get(&s.formed_root))
+            } else {
+                continue;
+            };
+            let Some(lists) = lists else {
+                continue;
+            };
+            let listed = lacking.entry(set).or_insert_with(|| {
+                if set.0 {
+                    lists
+                        .formed_by
+                        .iter()
+                        .map(|id| (id.sender, Some(id.digest)))
+                        .filter(wanted_of)
+                        .collect()
+                } else {
+                    lists
+                        .holding
+                        .iter()
+                        .map(|k| (*k, None))
+                        .filter(wanted_of)
+                        .collect()
+                }
+            });
+            for (k, d) in listed.iter() {
+                if count >= cap {
+                    break;
+                }
+                count += 1;
+                wanted.entry(*k).or_default().push((*p, *d));
+            }
+        }
+        debug_assert_eq!(
+            wanted,
+            self.wanted_walking_every_list(cap),
+            "working each list out once chose other fetches than walking every peer's"
+        );
         let mut asks = vec![];
         let pending: Pending = wanted
             .into_iter()

@@ -330,6 +330,7 @@ impl Combining {
         now: Millis,
         from: Key,
         slice: &Arc<Slice>,
+        verified: Option<&SignedEnvelope>,
         out: &mut Vec<Output>,
     ) {
         let j = slice.index;
@@ -342,7 +343,7 @@ impl Combining {
         {
             return;
         }
-        match w.reducer.offer(slice) {
+        match w.reducer.offer_verified(slice, verified) {
             Ok(new) => {
                 w.asking.remove(&sender);
                 self.bytes += slice.body.body.len() as u64;

@@ -127,8 +127,10 @@ impl RoundMachine {
 
     pub(in crate::machine) fn on_slice(&mut self, now: Millis, from: Key, slice: Arc<Slice>) {
         let round = slice.envelope.header.round;
+        // The header counted in the round's set, verified then.
+        let verified = self.held.get(&(round, slice.envelope.header.sender));
         if let Some(c) = combining_in(&mut self.stage, round) {
-            c.on_slice(now, from, &slice, &mut self.out);
+            c.on_slice(now, from, &slice, verified.map(|v| &**v), &mut self.out);
         }
     }
 
