@@ -424,6 +424,31 @@ def kb_of(r):
     return f"{r['status_bytes_up_per_node_per_round'] / 1e3:,.0f} KB"
 
 
+def sim_1000_reduce():
+    """1,000 simulated nodes averaging slice by slice, against 4 under the same command."""
+    big, small = "docs/bench/sim-reduce-1000.json", "docs/bench/sim-reduce-1000-base4.json"
+    if not ((ROOT / big).exists() and (ROOT / small).exists()):
+        return []
+    med = lambda d, k: sorted(r[k] for r in d["rounds"])[len(d["rounds"]) // 2]
+    b, a = load(big), load(small)
+    up, down = med(b, "bytes_up_median") / med(a, "bytes_up_median"), med(b, "bytes_down_median") / med(a, "bytes_down_median")
+    status = med(b, "status_bytes_up_median")
+    bulk = med(b, "bytes_up_median") - status
+    bulk4 = med(a, "bytes_up_median") - med(a, "status_bytes_up_median")
+    states = b["rounds"][-1]["distinct_state_hashes"]
+    wall, rss = wall_rss("docs/bench/sim-reduce-1000.txt")
+    c = b["config"]
+    return [f"**1,000 simulated nodes** (`sim --nodes 1000 --degree 999 --rounds {c['rounds']} "
+            f"--params {c['params']} --wire-params {c['wire_params']} --reduce {c['reduce']}`, "
+            f"{commit_of(big, '?')}, {wall / 60:.0f} min, {rss / 1024:.1f} GiB): a node sends "
+            f"{med(b, 'bytes_up_median') / 1e6:.2f} MB a round, **{up:.2f}×** what it sends at 4 "
+            f"nodes under the same command ({med(a, 'bytes_up_median') / 1e6:.2f} MB), and receives "
+            f"**{down:.2f}×**; statuses are {status / 1e6:.2f} MB of it, and without them a node "
+            f"sends {bulk / bulk4:.2f}× what it does at 4; {b['summary']['nodes_finished']} of "
+            f"1,000 nodes finished, {states} state(s) at the last round (`{big}`, `.txt`; the "
+            f"4-node run `{small}`)"]
+
+
 def scale_reduce_note():
     path = "docs/bench/scale-reduce.json"
     if not (ROOT / path).exists():
@@ -461,6 +486,7 @@ def scale_reduce_note():
                    "answers a node a round at 256 nodes, 61 before) and a slice no longer "
                    "carries its contributor's header (HISTORY, *Lists, refreshes and slice "
                    "answers*)")
+    out.extend(sim_1000_reduce())
     wall, rss = wall_rss("docs/bench/scale-reduce.txt")
     out.append(f"the command took {wall / 60:.0f} min, peak RSS {rss / 1024:.1f} GiB")
     txt = (ROOT / "docs/bench/scale-reduce.txt").read_text()
