@@ -757,7 +757,7 @@ impl Progress {
     fn tick(&mut self, world: &World) {
         self.events += 1;
         // Reading the clock costs little, but not nothing: look every 64K events.
-        if self.events % (1 << 16) != 0
+        if !self.events.is_multiple_of(1 << 16)
             || self.last.elapsed() < std::time::Duration::from_secs(PROGRESS_SECS)
         {
             return;

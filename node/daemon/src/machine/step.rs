@@ -24,6 +24,10 @@ pub(super) struct Reconciling {
     pub(super) missed: usize,
 }
 
+/// A sender a list names, with the digest of its contribution when the list says it (a
+/// state's `formed_by`; a peer's holding list does not).
+type Listed = (Key, Option<Hash32>);
+
 impl RoundMachine {
     pub(super) fn start_reconcile(&mut self, now: Millis, missed: usize) {
         let Stage::Collecting(_) = &self.stage else {
@@ -138,7 +142,7 @@ impl RoundMachine {
 
     /// What [`Self::list_wanted`] finds, by walking every peer's list in full (checked against
     /// it in debug builds, so every test of the machine runs both).
-    fn wanted_walking_every_list(&self, cap: usize) -> BTreeMap<Key, Vec<(Key, Option<Hash32>)>> {
+    fn wanted_walking_every_list(&self, cap: usize) -> BTreeMap<Key, Vec<Listed>> {
         let r = self.state.round;
         let members = &self.cfg.recipe.allowlist;
         let mut wanted: BTreeMap<Key, Vec<(Key, Option<Hash32>)>> = BTreeMap::new();
@@ -194,12 +198,12 @@ impl RoundMachine {
         let mut count = 0;
         let cap = MAX_RECONCILE_FETCHES + members.as_ref().map_or(0, Vec::len);
         let known = self.known_lists();
-        let wanted_of = |(k, _): &(Key, Option<Hash32>)| {
+        let wanted_of = |(k, _): &Listed| {
             !collected.contains_key(k) && members.as_ref().is_none_or(|m| m.contains(k))
         };
         // What each list names that we lack, worked out once per list: peers committing to one
         // root share one list, and walking it again for each would cost O(N²).
-        let mut lacking: BTreeMap<(bool, Hash32), Vec<(Key, Option<Hash32>)>> = BTreeMap::new();
+        let mut lacking: BTreeMap<(bool, Hash32), Vec<Listed>> = BTreeMap::new();
         for (p, s) in self.trainer_peers() {
             let (set, lists) = if s.round == r {
                 ((false, s.holding_root), known.holding.get(&s.holding_root))
