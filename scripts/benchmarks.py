@@ -435,7 +435,8 @@ def sim_1000_reduce():
     status = med(b, "status_bytes_up_median")
     bulk = med(b, "bytes_up_median") - status
     bulk4 = med(a, "bytes_up_median") - med(a, "status_bytes_up_median")
-    states = b["rounds"][-1]["distinct_state_hashes"]
+    states = max(r["distinct_state_hashes"] for r in b["rounds"])
+    kind = lambda d, k: d["summary"]["traffic"][k]["bytes"] / (d["config"]["nodes"] * d["config"]["rounds"])
     wall, rss = wall_rss("docs/bench/sim-reduce-1000.txt")
     c = b["config"]
     return [f"**1,000 simulated nodes** (`sim --nodes 1000 --degree 999 --rounds {c['rounds']} "
@@ -444,9 +445,14 @@ def sim_1000_reduce():
             f"{med(b, 'bytes_up_median') / 1e6:.2f} MB a round, **{up:.2f}×** what it sends at 4 "
             f"nodes under the same command ({med(a, 'bytes_up_median') / 1e6:.2f} MB), and receives "
             f"**{down:.2f}×**; statuses are {status / 1e6:.2f} MB of it, and without them a node "
-            f"sends {bulk / bulk4:.2f}× what it does at 4; {b['summary']['nodes_finished']} of "
-            f"1,000 nodes finished, {states} state(s) at the last round (`{big}`, `.txt`; the "
-            f"4-node run `{small}`)"]
+            f"sends {bulk / bulk4:.2f}× what it does at 4 — the rest of what grows is per "
+            f"(contributor, reducer) pair, a request and a Merkle path with every slice (slice "
+            f"traffic {kind(b, 'slice answer') / 1e6:.2f} MB a node a round against "
+            f"{kind(a, 'slice answer') / 1e6:.2f} MB at 4), the two signatures on each peer's "
+            f"reduced slice, and the lists ({kind(b, 'lists answer') / 1e6:.2f} MB); "
+            f"{b['summary']['nodes_finished']:,} of 1,000 nodes finished, "
+            f"{'one state' if states == 1 else f'{states} states'} at every round "
+            f"(`{big}`, `.txt`; the 4-node run `{small}`)"]
 
 
 def scale_reduce_note():
@@ -486,7 +492,6 @@ def scale_reduce_note():
                    "answers a node a round at 256 nodes, 61 before) and a slice no longer "
                    "carries its contributor's header (HISTORY, *Lists, refreshes and slice "
                    "answers*)")
-    out.extend(sim_1000_reduce())
     wall, rss = wall_rss("docs/bench/scale-reduce.txt")
     out.append(f"the command took {wall / 60:.0f} min, peak RSS {rss / 1024:.1f} GiB")
     txt = (ROOT / "docs/bench/scale-reduce.txt").read_text()
@@ -494,6 +499,7 @@ def scale_reduce_note():
         out.append("it ran beside a 1,000-node simulation on the other core, so the process "
                    "swarms' round seconds are longer than on an idle machine (bytes are not "
                    "affected)")
+    out.extend(sim_1000_reduce())
     small = "docs/bench/scale-reduce-small.json"
     if (ROOT / small).exists():
         d2 = load(small)
