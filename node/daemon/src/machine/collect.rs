@@ -27,8 +27,8 @@ pub(super) struct Collecting {
     /// When each peer was last asked for its lists.
     lists_asked: BTreeMap<Key, Millis>,
     /// What the last look for a missing peer found: the first peer missing (or none), as of
-    /// how many peer changes ([`RoundMachine::any_missing`]).
-    missing_hint: Option<(u64, Option<Key>)>,
+    /// how many peer changes, for which round and state of ours ([`RoundMachine::any_missing`]).
+    missing_hint: Option<(u64, u64, Hash32, Option<Key>)>,
 }
 
 impl Collecting {
@@ -93,8 +93,10 @@ impl RoundMachine {
         };
         let missing = |k: &Key| self.works_on(k, r) && !c.collected.contains_key(k);
         let known = match c.missing_hint {
-            Some((_, Some(k))) if missing(&k) => Some(Some(k)),
-            Some((seen, None)) => self
+            // A hint about another round or state of ours says nothing.
+            Some((_, round, hash, _)) if (round, hash) != (r, self.hash) => None,
+            Some((_, _, _, Some(k))) if missing(&k) => Some(Some(k)),
+            Some((seen, _, _, None)) => self
                 .changed_since(seen)
                 .map(|mut changed| changed.find(|k| missing(k)).copied()),
             _ => None,
@@ -110,9 +112,9 @@ impl RoundMachine {
                 .any(|(k, _)| !c.collected.contains_key(k)),
             "the hint for a missing peer disagrees with a full look"
         );
-        let seen = self.peer_changes;
+        let hint = (self.peer_changes, r, self.hash, first);
         if let Stage::Collecting(c) = &mut self.stage {
-            c.missing_hint = Some((seen, first));
+            c.missing_hint = Some(hint);
         }
         first.is_some()
     }

@@ -147,10 +147,9 @@ impl RoundMachine {
 
     /// Connected trainer peers that have not left, with their statuses.
     pub(super) fn trainer_peers(&self) -> impl Iterator<Item = (&Key, &Status)> {
-        self.peers.iter().filter_map(|(k, p)| {
-            let s = p.status.as_ref()?;
-            (p.connected && s.role == NodeRole::Trainer && s.phase != Phase::Done).then_some((k, s))
-        })
+        self.peers
+            .iter()
+            .filter_map(|(k, p)| Some((k, trainer_status(p)?)))
     }
 
     /// At least `n` live peers (stops counting there: looked at on every input while starting).
@@ -164,14 +163,10 @@ impl RoundMachine {
 
     /// Whether peer `k` is one of [`Self::working_on`]`(r)`.
     pub(super) fn works_on(&self, k: &Key, r: u64) -> bool {
-        self.peers.get(k).is_some_and(|p| {
-            p.status.as_ref().is_some_and(|s| {
-                p.connected
-                    && s.role == NodeRole::Trainer
-                    && s.phase != Phase::Done
-                    && working_on_status(s, r, &self.hash)
-            })
-        })
+        self.peers
+            .get(k)
+            .and_then(trainer_status)
+            .is_some_and(|s| working_on_status(s, r, &self.hash))
     }
 
     /// Peers working on round `r` from our state (about to train, training or collecting): the
@@ -187,6 +182,12 @@ impl RoundMachine {
 /// How many of the latest peer changes the machine remembers: enough for the inputs between two
 /// looks of the collecting stage (one, usually), few enough to cost nothing.
 const RECENT_CHANGES: usize = 64;
+
+/// A peer's status when it is a connected trainer that has not left ([`RoundMachine::trainer_peers`]).
+fn trainer_status(p: &Peer) -> Option<&Status> {
+    let s = p.status.as_ref()?;
+    (p.connected && s.role == NodeRole::Trainer && s.phase != Phase::Done).then_some(s)
+}
 
 /// A trainer peer's status says it works on round `r` from the state `ours`.
 fn working_on_status(s: &Status, r: u64, ours: &Hash32) -> bool {
