@@ -499,7 +499,7 @@ pub fn open_header(
 ///
 /// # Errors
 /// As [`open_header`].
-pub fn open_header_unless_verified(
+fn open_header_unless_verified(
     envelope: &SignedEnvelope,
     ctx: &SliceContext<'_>,
     verified: Option<&SignedEnvelope>,
