@@ -28,13 +28,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def draw(rng):
+def draw(rng, open_loss=False):
     private = rng.random() < 0.5
     return {
         "nodes": rng.randint(2, 7),
         "latency": rng.randint(1, 149),
         "jitter": rng.randint(0, 149),
-        "loss": rng.uniform(0.0, 0.05) if private else 0.0,
+        "loss": rng.uniform(0.0, 0.05) if private or open_loss else 0.0,
         "crash": 0.0 if rng.random() < 0.5 else rng.uniform(15.0, 60.0),
         "down": rng.uniform(1.0, 12.0),
         "seed": rng.randint(0, 999_999),
@@ -80,6 +80,11 @@ def main():
     p.add_argument("--extra", default="", help="flags added to every swarm")
     p.add_argument("--lab", default=str(ROOT / "target" / "release" / "nightshift-lab"))
     p.add_argument("--out", help="one JSON line per swarm")
+    p.add_argument(
+        "--open-loss",
+        action="store_true",
+        help="open swarms lose messages too (the property test gives them none)",
+    )
     a = p.parse_args()
     rng = random.Random(a.seed)
     extra = shlex.split(a.extra)
@@ -87,7 +92,7 @@ def main():
     out = open(a.out, "w") if a.out else None
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.cases):
-            case = draw(rng)
+            case = draw(rng, a.open_loss)
             f = flags(case, extra)
             path = Path(tmp) / "r.json"
             run = subprocess.run([a.lab, "sim", *f, "--json", str(path)],

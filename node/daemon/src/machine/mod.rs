@@ -108,6 +108,8 @@ pub const MIN_TRAIN_BUDGET_MS: Millis = 2_000;
 pub const FOLLOW_MS: Millis = 500;
 /// Verified improvements (a replay or an attested download each) per alignment.
 pub const MAX_IMPROVEMENTS: u8 = 8;
+/// Rounds of our own chain remembered, to tell a claim of an earlier round on another chain.
+pub const CHAIN_ROUNDS: usize = 8;
 /// Times in a row a node waits (each [`rules::RETRY_SECS`]) for a better state it could not
 /// verify yet — a fork of its round or the next round, which no peer of its own state is
 /// training past — before it trains its round anyway.
@@ -210,6 +212,9 @@ pub struct RoundMachine {
     hash: Hash32,
     /// θ(r−1) when we computed or replayed ours from it: the base a fork of our round replays from.
     prev: Option<(Arc<StateSnapshot>, Hash32)>,
+    /// The states we held lately, one per round, oldest first (at most [`CHAIN_ROUNDS`]): what
+    /// an attested claim of an earlier round is compared with ([`rules::Candidate::Cross`]).
+    chain: Vec<(u64, Hash32)>,
     ef: ErrorFeedback,
     phase: Phase,
     holding: Vec<Key>,
@@ -255,6 +260,7 @@ impl RoundMachine {
     /// A machine holding `state` (genesis, or the node's checkpoint).
     pub fn new(cfg: Config, state: StateSnapshot) -> Self {
         let hash = state.hash();
+        let round = state.round;
         let me = cfg.key.verifying_key().to_bytes();
         RoundMachine {
             cfg,
@@ -262,6 +268,7 @@ impl RoundMachine {
             state: Arc::new(state),
             hash,
             prev: None,
+            chain: vec![(round, hash)],
             ef: ErrorFeedback::default(),
             phase: Phase::Ready,
             holding: vec![],
@@ -665,6 +672,16 @@ impl RoundMachine {
             .get(&(round, id.sender))
             .filter(|e| ContributionId::of(e) == *id)
             .cloned()
+    }
+
+    /// Notes the state we now hold in [`RoundMachine::chain`]: a state of an earlier (or the
+    /// same) round replaces what the chain had from that round on.
+    fn note_chain(&mut self) {
+        let round = self.state.round;
+        self.chain.retain(|(r, _)| *r < round);
+        self.chain.push((round, self.hash));
+        let excess = self.chain.len().saturating_sub(CHAIN_ROUNDS);
+        self.chain.drain(..excess);
     }
 
     /// Records a verified contribution as held and served.

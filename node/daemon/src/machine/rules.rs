@@ -217,13 +217,18 @@ impl Recipe {
     /// Whether the swarm's rules vouch for `claim` without a replay: a bootstrap named in the
     /// manifest signed it, or (private swarm) at least the quorum of members did.
     pub fn attested(&self, claim: &Claim) -> bool {
-        if claim.signers.iter().any(|s| self.bootstraps.contains(s)) {
+        self.attested_by(&claim.signers)
+    }
+
+    /// Whether statuses signed by `signers` holding one state attest it (see
+    /// [`Recipe::attested`]).
+    pub fn attested_by(&self, signers: &[Key]) -> bool {
+        if signers.iter().any(|s| self.bootstraps.contains(s)) {
             return true;
         }
         match &self.allowlist {
             Some(members) => {
-                let n = claim
-                    .signers
+                let n = signers
                     .iter()
                     .filter(|s| members.contains(s))
                     .collect::<HashSet<_>>()
@@ -366,6 +371,13 @@ pub enum Candidate {
     Fork(Claim),
     /// A state one round ahead: replay it from ours.
     Ahead(Claim),
+    /// A state the swarm's rules attest, while ours is not attested, of our own round (one the
+    /// rules would not prefer) or of the round before (other than the one ours was formed
+    /// from): when it builds on the same base as ours (or as the one before) it belongs to our
+    /// chain and is left alone (its holders come to ours by replay); when it builds on another,
+    /// the swarm went on along two chains, and the attested one is downloaded — going back a
+    /// round if need be (see [`candidates`]).
+    Cross(Claim),
     /// A state more than a round ahead, vouched for by attestation: download it and check its
     /// hash and contribution list.
     Attested(Claim),
@@ -374,27 +386,44 @@ pub enum Candidate {
 impl Candidate {
     pub fn claim(&self) -> &Claim {
         match self {
-            Candidate::Fork(c) | Candidate::Ahead(c) | Candidate::Attested(c) => c,
+            Candidate::Fork(c)
+            | Candidate::Ahead(c)
+            | Candidate::Cross(c)
+            | Candidate::Attested(c) => c,
         }
     }
 }
 
 /// What we hold: the round, hash and number of contributions that formed it.
 #[derive(Clone, Copy, Debug)]
-pub struct Held {
+pub struct Held<'a> {
     pub round: u64,
     pub hash: Hash32,
     pub formed: usize,
+    /// Whether the swarm's rules attest our state: its holders (peers whose statuses hold it,
+    /// and we) include a bootstrap or, in a private swarm, the quorum of members.
+    pub attested: bool,
+    /// The states we held lately, one per round, oldest first, ours last.
+    pub chain: &'a [(u64, Hash32)],
 }
 
 /// The candidates worth trying, best first: forks of our round that the rules prefer over our
-/// state, then states one round ahead (most contributions first), both to be replayed, then
-/// attested states more than one round ahead (highest round first). A state a node could replay
-/// is never taken on attestation: what fails to replay is not adopted, however many sign it.
+/// state, then, when ours is not attested, attested states of our round the rules do not prefer
+/// ([`Candidate::Cross`]), then states one round ahead (most contributions first), then attested
+/// states more than one round ahead (highest round first). Forks and states ahead are replayed;
+/// a state a node could replay is never taken on attestation: what fails to replay is not
+/// adopted, however many sign it.
+///
+/// Between two chains — states built on different bases, which neither side can replay — the
+/// attested one wins: a node whose state nobody attests leaves it for the attested state of its
+/// round, preferred or not, or of the round before when that is not the state ours was formed
+/// from (an attesting bootstrap follows a round behind the trainers). Within one chain the
+/// rules' preference decides, as before. Without this, a swarm split at some round (a bootstrap that could not fetch the
+/// preferred state's contributions followed the lesser one) went on along both chains to the end.
 /// Claims that `rejected` skips, and implausible ones ([`Recipe::plausible`]), are left out.
 pub fn candidates(
     recipe: &Recipe,
-    held: Held,
+    held: Held<'_>,
     claims: &[Claim],
     rejected: &Rejections,
 ) -> Vec<Candidate> {
@@ -407,6 +436,20 @@ pub fn candidates(
         .filter(|c| preferred(key(c), (held.formed, held.hash)) == Ordering::Less)
         .collect();
     forks.sort_by(|a, b| preferred(key(a), key(b)));
+    let mut crosses: Vec<&Claim> = claims
+        .iter()
+        .filter(fresh)
+        .filter(|c| !held.attested && recipe.attested(c))
+        .filter(|c| {
+            (c.round == held.round && preferred(key(c), (held.formed, held.hash)) != Ordering::Less)
+                || (c.round < held.round
+                    && held
+                        .chain
+                        .iter()
+                        .any(|(r, h)| *r == c.round && *h != c.hash))
+        })
+        .collect();
+    crosses.sort_by(|a, b| b.round.cmp(&a.round).then(preferred(key(a), key(b))));
     let mut ahead: Vec<&Claim> = claims
         .iter()
         .filter(fresh)
@@ -423,6 +466,7 @@ pub fn candidates(
         .iter()
         .map(|c| Candidate::Fork((*c).clone()))
         .collect();
+    out.extend(crosses.iter().map(|c| Candidate::Cross((*c).clone())));
     out.extend(ahead.iter().map(|c| Candidate::Ahead((*c).clone())));
     out.extend(far.iter().map(|c| Candidate::Attested((*c).clone())));
     out.truncate(MAX_CANDIDATES * 2);

@@ -363,6 +363,7 @@ impl RoundMachine {
         let base = std::mem::replace(&mut self.state, Arc::new(next));
         self.prev = Some((base, self.hash));
         self.hash = hash;
+        self.note_chain();
         // Round r's contributions formed the new state; round r − 1's formed the one before,
         // which a peer on a fork of it replays from θ(r − 1), or a peer a round behind (lost
         // messages, or steps run ahead) is still reconciling. Older ones go.

@@ -1,7 +1,7 @@
 //! After aligning: train at once, join the round under way for the time it has left, or wait
 //! for it to end; how long a round's training may take.
 
-use super::super::rules::{self, Candidate, Held, candidates};
+use super::super::rules::{self, Candidate, candidates};
 use super::super::*;
 
 impl RoundMachine {
@@ -81,19 +81,18 @@ impl RoundMachine {
         if self.working_on(self.state.round).next().is_some() {
             return false;
         }
-        let held = Held {
-            round: self.state.round,
-            hash: self.hash,
-            formed: self.state.formed_by.len(),
-        };
+        let claims = self.claims();
         candidates(
             &self.cfg.recipe,
-            held,
-            &self.claims(),
+            self.held_now(&claims),
+            &claims,
             &rules::Rejections::default(),
         )
         .iter()
-        .any(|c| !matches!(c, Candidate::Attested(_)) && !self.rejected.faulty(c.claim()))
+        .any(|c| {
+            matches!(c, Candidate::Fork(_) | Candidate::Ahead(_))
+                && !self.rejected.faulty(c.claim())
+        })
     }
 
     /// True when live peers hold our round and every one of them has started training it.

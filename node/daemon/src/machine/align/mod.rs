@@ -25,6 +25,9 @@ pub(super) struct Verifying {
     current: Option<Attempt>,
 }
 
+/// Why a [`Candidate::Cross`] is left alone.
+const OUR_CHAIN: &str = "a lesser state of our own chain (it builds on our base)";
+
 /// One claim being verified.
 #[derive(Debug)]
 enum Attempt {
@@ -33,6 +36,9 @@ enum Attempt {
     Lists {
         claim: Claim,
         fork: bool,
+        /// A [`Candidate::Cross`]: once the list is in, left alone when it builds on our base,
+        /// downloaded when not.
+        cross: bool,
         asked_at: Millis,
         until: Millis,
     },
@@ -132,10 +138,11 @@ impl RoundMachine {
             Some(Attempt::Lists {
                 claim,
                 fork,
+                cross,
                 asked_at,
                 until,
             }) => {
-                let (claim, fork, until) = (claim.clone(), *fork, *until);
+                let (claim, fork, cross, until) = (claim.clone(), *fork, *cross, *until);
                 let again = now >= *asked_at + LISTS_RETRY_MS;
                 if again {
                     *asked_at = now;
@@ -170,6 +177,14 @@ impl RoundMachine {
                     Some(c) if !self.cfg.recipe.plausible(&c) => {
                         self.attempt_failed(now, "its list names non-members".into(), true);
                     }
+                    Some(c) if cross => match self.start_listed_cross(now, c) {
+                        Some(attempt) => {
+                            if let Stage::Verifying(v) = &mut self.stage {
+                                v.current = Some(attempt);
+                            }
+                        }
+                        None => self.attempt_failed(now, OUR_CHAIN.into(), false),
+                    },
                     Some(c) => match self.start_listed_replay(now, c, fork) {
                         Some(attempt) => {
                             if let Stage::Verifying(v) = &mut self.stage {
@@ -236,16 +251,18 @@ impl RoundMachine {
             vec![]
         } else {
             self.rejected.prune(now);
-            let held = Held {
-                round: self.state.round,
-                hash: self.hash,
-                formed: self.state.formed_by.len(),
-            };
-            candidates(&self.cfg.recipe, held, &self.claims(), &self.rejected)
+            let claims = self.claims();
+            candidates(
+                &self.cfg.recipe,
+                self.held_now(&claims),
+                &claims,
+                &self.rejected,
+            )
         };
         for cand in list {
             let attempt = match cand {
                 Candidate::Fork(claim) => self.start_claim_replay(now, claim, true),
+                Candidate::Cross(claim) => self.start_cross(now, claim),
                 Candidate::Ahead(claim) => self.start_claim_replay(now, claim, false),
                 Candidate::Attested(claim) => Some(self.start_download(now, claim)),
             };
@@ -287,7 +304,13 @@ impl RoundMachine {
                 .as_ref()
                 .is_none_or(|(b, _)| b.round + 1 != claim.round)
         {
-            return None;
+            // Nothing to replay it from (we downloaded ours, or restarted): a fork the rules
+            // prefer and attest is downloaded.
+            return self
+                .cfg
+                .recipe
+                .attested(&claim)
+                .then(|| self.start_download(now, claim));
         }
         if claim.formed_by.is_some() {
             return self.start_listed_replay(now, claim, fork);
@@ -298,9 +321,73 @@ impl RoundMachine {
         Some(Attempt::Lists {
             claim,
             fork,
+            cross: false,
             asked_at: now,
             until: now + REPLAY_FETCH_MS,
         })
+    }
+
+    /// What we hold, for the rules: our round, hash and count, and whether the swarm's rules
+    /// attest our state (the peers among `claims` that hold it, and we, sign it).
+    pub(super) fn held_now(&self, claims: &[Claim]) -> Held<'_> {
+        let mut signers: Vec<Key> = claims
+            .iter()
+            .filter(|c| c.round == self.state.round && c.hash == self.hash)
+            .flat_map(|c| c.signers.iter().copied())
+            .collect();
+        signers.push(self.me);
+        Held {
+            round: self.state.round,
+            hash: self.hash,
+            formed: self.state.formed_by.len(),
+            attested: self.cfg.recipe.attested_by(&signers),
+            chain: &self.chain,
+        }
+    }
+
+    /// An attested state of our round that the rules do not prefer, while ours is not attested
+    /// ([`Candidate::Cross`]): once its list is known, left alone when it builds on our base,
+    /// downloaded when not (asked for its list first when no holder has sent it).
+    fn start_cross(&mut self, now: Millis, claim: Claim) -> Option<Attempt> {
+        if claim.formed_by.is_some() {
+            return self.start_listed_cross(now, claim);
+        }
+        let mut from = claim.holders.clone();
+        from.truncate(rules::MAX_HOLDERS_ASKED);
+        self.ask_lists(now, from, false);
+        Some(Attempt::Lists {
+            claim,
+            fork: true,
+            cross: true,
+            asked_at: now,
+            until: now + REPLAY_FETCH_MS,
+        })
+    }
+
+    /// A cross candidate whose list is known: the attested state is downloaded, unless a
+    /// contribution it names is one we hold for the round before the claim's — each is signed
+    /// for its base, so the claim is a sibling of ours (or of the state before ours) — and the
+    /// rules do not prefer it: then it is a lesser state of our own chain, whose holders come to
+    /// ours by replay (`None`).
+    fn start_listed_cross(&mut self, now: Millis, claim: Claim) -> Option<Attempt> {
+        let ids = claim.formed_by.as_deref()?;
+        let base_round = claim.round.checked_sub(1)?;
+        if ids.iter().any(|id| self.held_as(base_round, id).is_some()) {
+            // A sibling of ours, or of the state ours was formed from: the rules' preference
+            // decides. One of our round that the rules preferred would be a fork candidate;
+            // one of the round before that they prefer to the state we built on means our
+            // chain grew from a lesser state: back to the swarm's.
+            // (Further back we do not know how many formed ours: left alone.)
+            let prev = self
+                .prev
+                .as_ref()
+                .filter(|(b, _)| claim.round < self.state.round && b.round == claim.round)?;
+            let ours = (prev.0.formed_by.len(), prev.1);
+            if rules::preferred((claim.formed, claim.hash), ours) != std::cmp::Ordering::Less {
+                return None;
+            }
+        }
+        Some(self.start_download(now, claim))
     }
 
     /// Replays `claim`, whose list a holder has sent, from its base (`None`: the base is gone).
@@ -598,13 +685,19 @@ impl RoundMachine {
             v.current = None;
             v.left = v.left.saturating_sub(1);
         }
+        // A state of our round or an earlier one replaces a chain the swarm's rules do not attest.
+        let reason = if state.round <= self.state.round {
+            "diverged from the swarm"
+        } else {
+            "behind the swarm"
+        };
         self.adopt(
             Arc::unwrap_or_clone(state),
             hash,
             None,
             How::Synced {
                 from,
-                reason: "behind the swarm",
+                reason,
                 verified: "attested",
                 bytes,
                 replaced: None,
@@ -656,6 +749,7 @@ impl RoundMachine {
         self.state = Arc::new(state);
         self.hash = hash;
         self.prev = prev;
+        self.note_chain();
         self.ef = ErrorFeedback::default();
         self.just_synced = true;
         self.holding.clear();

@@ -38,11 +38,13 @@ fn claim(round: u64, tag: &[u8], formed: usize, signers: &[[u8; 32]]) -> Claim {
     }
 }
 
-fn held(round: u64, formed: usize) -> Held {
+fn held(round: u64, formed: usize) -> Held<'static> {
     Held {
         round,
         hash: Hash32::of(&[b"ours"]),
         formed,
+        attested: true,
+        chain: &[],
     }
 }
 
@@ -226,6 +228,62 @@ fn candidates_put_forks_first_then_one_round_ahead_then_attested_far() {
     // state every second costs one verification per REJECT_SECS.
     assert!(!c.contains(&Candidate::Ahead(next_small)), "{c:?}");
     assert!(c.contains(&Candidate::Attested(far)));
+}
+
+#[test]
+fn between_two_chains_the_attested_one_is_a_candidate_and_only_while_ours_is_not_attested() {
+    let open = recipe(None, 0);
+    let boot = [0xB0; 32];
+    // Ours: round 5, formed by 3, our chain's round 4 was "ours4".
+    let chain = [(4, Hash32::of(&[b"ours4"])), (5, Hash32::of(&[b"ours"]))];
+    let ours = Held {
+        round: 5,
+        hash: Hash32::of(&[b"ours"]),
+        formed: 3,
+        attested: false,
+        chain: &chain,
+    };
+    // The bootstrap holds a lesser state of our round: the rules would not prefer it.
+    let lesser = claim(5, b"boot5", 1, &[boot]);
+    // ... or a state of the round before that is not the one ours was formed from.
+    let behind = claim(4, b"boot4", 1, &[boot]);
+    // ... or the very state ours was formed from: our chain, a round behind.
+    let same = Claim {
+        hash: Hash32::of(&[b"ours4"]),
+        ..claim(4, b"x", 1, &[boot])
+    };
+    // A lesser state of our round nobody attests is nothing to us (as before).
+    let unattested = claim(5, b"peer5", 1, &[[7; 32]]);
+    let all = [lesser.clone(), behind.clone(), same, unattested];
+    let c = candidates(&open, ours, &all, &Rejections::default());
+    assert_eq!(
+        c,
+        vec![
+            Candidate::Cross(lesser.clone()),
+            Candidate::Cross(behind.clone())
+        ]
+    );
+    // Once ours is attested (the bootstrap holds it too), preference alone decides again.
+    let attested = Held {
+        attested: true,
+        ..ours
+    };
+    assert!(candidates(&open, attested, &all, &Rejections::default()).is_empty());
+    // A round further back than the chain we remember is left alone.
+    let old = claim(2, b"boot2", 1, &[boot]);
+    assert!(candidates(&open, ours, &[old], &Rejections::default()).is_empty());
+    // In a private swarm the quorum attests: one member's lesser state is no candidate,
+    // two members' is.
+    let members: Vec<[u8; 32]> = (1..=4).map(|i| [i; 32]).collect();
+    let private = recipe(Some(members), 2);
+    let one = claim(5, b"one", 1, &[[1; 32]]);
+    let two = claim(5, b"two", 1, &[[1; 32], [2; 32]]);
+    let c = candidates(&private, ours, &[one, two.clone()], &Rejections::default());
+    assert_eq!(c, vec![Candidate::Cross(two)]);
+    // Held::attested is what a node computes for its own state with the same rule.
+    assert!(private.attested_by(&[[3; 32], [4; 32]]));
+    assert!(!private.attested_by(&[[3; 32], [3; 32]]));
+    assert!(open.attested_by(&[[9; 32], boot]));
 }
 
 #[test]
