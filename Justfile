@@ -8,10 +8,11 @@ demo *ARGS:
 test:
     cargo test --workspace
 
-# fmt + clippy + tests, as CI does.
+# fmt + clippy + docs + tests, as CI does.
 check:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
     cargo test --workspace
     cargo check -p nightshift-node --features cuda
 

@@ -1,8 +1,8 @@
 //! The model in Hugging Face's GPT-2 layout, so that `transformers.GPT2LMHeadModel` loads what a
 //! swarm trained: tensor names and shapes for a safetensors file, the `config.json`, and a
-//! `tokenizer.json` that encodes text exactly as [`Tokenizer`] does.
+//! `tokenizer.json` that encodes text exactly as [`crate::Tokenizer`] does.
 //!
-//! [`Gpt`] is GPT-2's architecture at other sizes: learned positions, pre-LayerNorm blocks
+//! [`crate::Gpt`] is GPT-2's architecture at other sizes: learned positions, pre-LayerNorm blocks
 //! (ε = 1e-5), fused Q/K/V, the exact (erf) GELU, a final LayerNorm and an untied head without a
 //! bias. burn's `Linear` stores its weight as `[in, out]`, as GPT-2's `Conv1D` does, so only the
 //! head (`nn.Linear`, `[out, in]`) is transposed.

@@ -16,7 +16,7 @@ pub struct Status {
     pub phase: Phase,
     /// The round being worked on: the node holds θ(round).
     pub round: u64,
-    /// Hash of θ(round) and the outer-optimizer state ([`StateSnapshot::hash`]).
+    /// Hash of θ(round) and the outer-optimizer state ([`crate::StateSnapshot::hash`]).
     pub state_hash: Hash32,
     /// How many contributions formed θ(round) (0 for round 0), and the root of their ids
     /// ([`formed_root`]).

@@ -43,7 +43,7 @@ pub struct Setup {
     pub rotate_shards: usize,
     /// Shards a worker reads per round when they rotate.
     pub shards_per_round: u32,
-    /// How a round's contributions are combined (the nodes' own [`round_step`]).
+    /// How a round's contributions are combined (the nodes' own `round_step`).
     pub aggregator: Aggregator,
 }
 

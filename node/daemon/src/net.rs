@@ -1,4 +1,4 @@
-//! The libp2p side of a node: one task owns the [`Swarm`]; everything else talks to it through a
+//! The libp2p side of a node: one task owns the libp2p `Swarm`; everything else talks to it through a
 //! cloneable [`NetHandle`] over a bounded channel, each command carrying a oneshot reply.
 //!
 //! Transports: TCP + noise + yamux (with pnet under noise in a swarm with a pre-shared key), QUIC

@@ -15,7 +15,7 @@
 //! per round, so a slow node sends a smaller contribution rather than stall the others.
 //!
 //! # Layout
-//! This file holds the driver's state ([`Driver`]), its start and its loop; `io` the network
+//! This file holds the driver's state (`Driver`), its start and its loop; `io` the network
 //! side, `trainer` training and new states, `windows` the idle window's record, pause and
 //! resume, `sync` checkpoints and state downloads; `verify` re-exports the machine's rules.
 

@@ -233,7 +233,7 @@ impl Store {
 
     /// Keeps our own contribution's slices to `round` on disk (flushed): until the round's
     /// reducers have fetched them, nobody else holds them, so a restart must not lose them.
-    /// Only the newest [`KEEP_OWN_SLICE_ROUNDS`] rounds are kept.
+    /// Only the newest `KEEP_OWN_SLICE_ROUNDS` rounds are kept.
     ///
     /// # Errors
     /// On storage failure.

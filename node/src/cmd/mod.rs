@@ -1,4 +1,8 @@
 //! The command-line interface: one module per command, each with its arguments.
+//!
+//! Doc comments on arguments are `--help` text, written for the terminal (`[:BLOCK]`, `<DIR>`), not
+//! for rustdoc.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 pub mod bootstrap;
 pub mod common;

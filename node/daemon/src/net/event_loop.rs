@@ -150,7 +150,7 @@ impl NetHandle {
         self.call(|r| Command::Dial(addr, r)).await?
     }
 
-    /// Sends `request` to `peer` and waits for the answer (bounded by [`REQUEST_TIMEOUT_SECS`]).
+    /// Sends `request` to `peer` and waits for the answer (bounded by `REQUEST_TIMEOUT_SECS`).
     ///
     /// # Errors
     /// On any transport failure or time-out.

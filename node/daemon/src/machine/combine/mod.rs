@@ -51,7 +51,7 @@ pub const SLICE_FETCH_MS: Millis = 10_000;
 pub const SLICE_RETRY_MS: Millis = 2_000;
 /// The download and upload rate the graces allow a slice's reducers (bytes per second): a slow
 /// home link. A slice that many inputs make large gets that much longer before others fetch or
-/// compute it in its reducers' stead ([`Combining::slack`]).
+/// compute it in its reducers' stead (`Combining::slack`).
 pub const ASSUMED_RATE_BYTES: u64 = 1_000_000;
 /// Reduced slices kept for a round the node has not reached the end of yet: two rounds' worth
 /// of slices at most ...
