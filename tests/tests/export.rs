@@ -126,6 +126,56 @@ fn a_trained_model_exports_in_the_gpt2_layout_and_samples_the_same_text_from_eit
     );
 }
 
+#[test]
+fn a_running_node_exports_and_samples_the_state_it_holds_without_being_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let swarm = TestSwarm::create(
+        dir.path(),
+        2,
+        &["--inner-steps", "10", "--warmup-steps", "5"],
+    );
+    let (_boot, addr) = swarm.bootstrap();
+    // More rounds than the test waits for: the nodes are still training when it exports.
+    let _nodes: Vec<_> = (0..2).map(|i| swarm.node(i, &addr, 1000)).collect();
+    assert!(
+        wait_until(EXIT_TIMEOUT, || swarm.hashes(0).contains_key(&2)),
+        "node 0 did not reach round 2"
+    );
+    let data_dir = dir.path().join("node0");
+    let out = dir.path().join("export");
+    let said = run_ok(&[
+        "export",
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    // The state the node held when asked: one of the states it reported.
+    let about = read_json(&out.join("nightshift.json"));
+    let round = about["round"].as_u64().unwrap();
+    assert!(round >= 2, "{about}");
+    assert!(said.contains(&format!("exported round {round}")), "{said}");
+    let hash = about["state_hash"].as_str().unwrap().to_string();
+    assert!(
+        wait_until(Duration::from_secs(30), || swarm.hashes(0).get(&round)
+            == Some(&hash)),
+        "the export is not node 0's state of round {round}: {:?}",
+        swarm.hashes(0)
+    );
+    assert!(out.join("model.safetensors").is_file());
+    // `sample` reads a running node the same way.
+    let text = run_ok(&[
+        "sample",
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+        "--prompt",
+        "the ",
+        "--tokens",
+        "20",
+    ]);
+    assert!(text.starts_with("the "), "{text}");
+}
+
 /// A dataset of several files: two text files and a JSON-lines file of documents, cut from the
 /// Shakespeare corpus.
 fn write_dataset(dir: &Path) {

@@ -98,6 +98,9 @@ pub struct TrainerOptions {
     pub metrics: Option<Arc<crate::metrics::NodeMetrics>>,
     /// Where the dashboard reads the node's events (`run --http`).
     pub feed: Option<Arc<crate::events::EventFeed>>,
+    /// Set to what the node serves its peers once its network is up: the control endpoint's
+    /// `snapshot` reads the current state there.
+    pub served: Option<crate::control::ServedSource>,
 }
 
 /// Runs a trainer until it has done `rounds` or is shut down. Picks CUDA when built with the
@@ -348,6 +351,9 @@ impl<B: AutodiffBackend> Driver<B> {
             store.own_slices()?.into_iter().map(Arc::new).collect();
         served.add_slices(&own);
         let served = net::ServedHandle::new(served);
+        if let Some(out) = &opts.served {
+            _ = out.set(served.clone());
+        }
         let max_frame = 2 * nightshift_protocol::delta::dense_bytes(num_params) * 2 + (1 << 20);
         let admitted = m.admitted();
         let status_check = StatusCheck::new(swarm_id, admitted.clone());

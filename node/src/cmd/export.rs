@@ -10,7 +10,9 @@ use nightshift_model::{Corpus, Gpt, GptConfig, Tokenizer, flat};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use crate::control;
 use crate::store::Store;
+use nightshift_protocol::wire;
 
 /// The files an export holds.
 const WEIGHTS: &str = "model.safetensors";
@@ -20,7 +22,8 @@ const ABOUT: &str = "nightshift.json";
 
 #[derive(Args, Debug)]
 pub struct ExportArgs {
-    /// A node's data directory (the node must be stopped: its database is locked while it runs).
+    /// A node's data directory. While a node runs there (its database is locked), the state it
+    /// holds now is asked of it through its control endpoint.
     #[arg(long, default_value = "nightshift-data")]
     pub data_dir: PathBuf,
     /// The directory to write (created if missing): model.safetensors, config.json,
@@ -38,7 +41,7 @@ pub struct ExportArgs {
 
 #[derive(Args, Debug)]
 pub struct SampleArgs {
-    /// A node's data directory (stopped) to sample from.
+    /// A node's data directory to sample from (a running node's too, as for `export`).
     #[arg(long, conflicts_with = "model", required_unless_present = "model")]
     pub data_dir: Option<PathBuf>,
     /// A directory written by `nightshift export`, instead of --data-dir.
@@ -72,13 +75,13 @@ struct Loaded {
     params: Vec<f32>,
 }
 
-/// What a stopped node's data directory holds: its manifest and its latest state.
+/// What a node's data directory holds: its manifest and its latest state.
 struct FromStore {
     manifest: nightshift_protocol::SignedManifest,
     state: nightshift_protocol::StateSnapshot,
 }
 
-fn open_store(data_dir: &Path) -> anyhow::Result<FromStore> {
+async fn open_store(data_dir: &Path) -> anyhow::Result<FromStore> {
     let db = data_dir.join("db");
     if !db.is_dir() {
         bail!(
@@ -86,12 +89,21 @@ fn open_store(data_dir: &Path) -> anyhow::Result<FromStore> {
             data_dir.display()
         );
     }
-    let store = Store::open(&db).with_context(|| {
-        format!(
-            "cannot open {}: a node running on it holds its database; stop it first",
-            data_dir.display()
-        )
-    })?;
+    let store = match Store::open(&db) {
+        Ok(store) => store,
+        // A node running there holds the database: ask it for what it holds now.
+        Err(e) if control::control_file(data_dir).exists() => {
+            return from_running_node(data_dir).await.with_context(|| {
+                format!(
+                    "cannot open {} ({e}), and the node running there did not give its state",
+                    data_dir.display()
+                )
+            });
+        }
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot open {}", data_dir.display()));
+        }
+    };
     let manifest = store
         .manifest()?
         .context("this data directory has joined no swarm yet")?;
@@ -99,6 +111,27 @@ fn open_store(data_dir: &Path) -> anyhow::Result<FromStore> {
         // Joined but no round completed: the swarm's genesis state.
         nightshift_genesis::genesis_state(&manifest.manifest)
     });
+    Ok(FromStore { manifest, state })
+}
+
+/// The manifest and current state of the node running on `data_dir`, which writes them to
+/// `<data_dir>/snapshot/` when asked (`snapshot` on its control endpoint).
+async fn from_running_node(data_dir: &Path) -> anyhow::Result<FromStore> {
+    let said = control::call(data_dir, "snapshot").await?;
+    let dir = data_dir.join(control::SNAPSHOT_DIR);
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let manifest: nightshift_protocol::SignedManifest =
+        wire::decode(&read(control::SNAPSHOT_MANIFEST)?, usize::MAX)
+            .context("the snapshot's manifest")?;
+    let state: nightshift_protocol::StateSnapshot =
+        wire::decode(&read(control::SNAPSHOT_STATE)?, usize::MAX)
+            .context("the snapshot's state")?;
+    if said["state_hash"].as_str() != Some(state.hash().to_hex().as_str()) {
+        bail!("another snapshot replaced this one while it was read: try again");
+    }
     Ok(FromStore { manifest, state })
 }
 
@@ -111,8 +144,8 @@ fn tokenizer_of(
         .context("the swarm's tokenizer.json: give --tokenizer FILE")
 }
 
-fn load_store(data_dir: &Path, tokenizer: Option<&Path>) -> anyhow::Result<Loaded> {
-    let s = open_store(data_dir)?;
+async fn load_store(data_dir: &Path, tokenizer: Option<&Path>) -> anyhow::Result<Loaded> {
+    let s = open_store(data_dir).await?;
     let m = &s.manifest.manifest;
     Ok(Loaded {
         cfg: nightshift_genesis::model_config(&m.model),
@@ -171,9 +204,10 @@ fn model_of(l: &Loaded) -> anyhow::Result<Gpt<Cpu>> {
 /// Writes the export.
 ///
 /// # Errors
-/// A data directory without a swarm, a running node, or an output that cannot be written.
-pub fn run_export(a: ExportArgs) -> anyhow::Result<()> {
-    let s = open_store(&a.data_dir)?;
+/// A data directory without a swarm, a running node that does not give its state, or an output
+/// that cannot be written.
+pub async fn run_export(a: ExportArgs) -> anyhow::Result<()> {
+    let s = open_store(&a.data_dir).await?;
     let m = &s.manifest.manifest;
     let cfg = nightshift_genesis::model_config(&m.model);
     let (tok, tokenizer_json) = tokenizer_of(m, a.tokenizer.as_deref())?;
@@ -284,9 +318,9 @@ fn write_json(path: &Path, v: &serde_json::Value) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// No model where the flags point, or a prompt with bytes outside the vocabulary.
-pub fn run_sample(a: SampleArgs) -> anyhow::Result<()> {
+pub async fn run_sample(a: SampleArgs) -> anyhow::Result<()> {
     let loaded = match (&a.data_dir, &a.model) {
-        (Some(d), _) => load_store(d, a.tokenizer.as_deref())?,
+        (Some(d), _) => load_store(d, a.tokenizer.as_deref()).await?,
         (None, Some(m)) => load_export(m)?,
         (None, None) => bail!("give --data-dir DIR or --model EXPORT"),
     };

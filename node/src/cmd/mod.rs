@@ -95,8 +95,8 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Status(a) => control::control_command(&a, "status").await,
         Command::Peers(a) => peers::run_peers(a).await,
         Command::Doctor(a) => doctor::run_doctor(a).await,
-        Command::Export(a) => export::run_export(a),
-        Command::Sample(a) => export::run_sample(a),
+        Command::Export(a) => export::run_export(a).await,
+        Command::Sample(a) => export::run_sample(a).await,
         Command::Bench { rest } => anyhow::bail!(
             "the benchmarks are not part of nightshift: run `nightshift-lab {}` (built by \
              `cargo build --release -p nightshift-lab`)",

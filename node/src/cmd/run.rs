@@ -154,7 +154,8 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
     // Start from the monitor's first real verdict, not its "checking" placeholder.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), idle.changed()).await;
     let info = std::sync::Arc::new(std::sync::RwLock::new(serde_json::json!({})));
-    crate::control::serve(a.control, &a.data_dir, manual, info.clone()).await?;
+    let served = crate::control::ServedSource::default();
+    crate::control::serve(a.control, &a.data_dir, manual, info.clone(), served.clone()).await?;
     let observed = match a.http {
         Some(addr) => {
             let o = crate::http::Observed {
@@ -187,6 +188,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         overlap: a.overlap,
         metrics: observed.as_ref().map(|o| o.metrics.clone()),
         feed: observed.map(|o| o.feed),
+        served: Some(served),
     })
     .await
 }

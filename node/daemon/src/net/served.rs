@@ -32,6 +32,8 @@ pub struct Served {
     pub manifest: Option<Arc<SignedManifest>>,
     /// Encoded states by hash (genesis and the current state), served in chunks to joiners.
     pub encoded: HashMap<Hash32, Arc<Vec<u8>>>,
+    /// The hash of the current state (see [`Served::set_state`]).
+    pub current: Option<Hash32>,
 }
 
 impl Served {
@@ -46,7 +48,15 @@ impl Served {
             genesis: None,
             manifest: manifest.map(Arc::new),
             encoded: HashMap::new(),
+            current: None,
         }
+    }
+
+    /// The current state's hash and encoding (`wire::encode` of the
+    /// [`nightshift_protocol::StateSnapshot`]), once one is served.
+    pub fn current_state(&self) -> Option<(Hash32, Arc<Vec<u8>>)> {
+        let h = self.current?;
+        Some((h, self.encoded.get(&h)?.clone()))
     }
 
     /// Serves `slices`.
@@ -80,6 +90,7 @@ impl Served {
         let keep = self.genesis;
         self.encoded.retain(|h, _| Some(*h) == keep);
         self.encoded.insert(hash, bytes);
+        self.current = Some(hash);
     }
 
     pub(crate) fn chunk(&self, hash: &Hash32, offset: u64, len: u32) -> Option<StateChunk> {
