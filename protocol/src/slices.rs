@@ -672,6 +672,54 @@ pub fn inputs_digest(inputs: &[ReducedInput]) -> Hash32 {
     Hash32::of(&[b"nightshift/reduced-inputs/v1\0", &wire::encode(&inputs)])
 }
 
+/// A reduced slice's input list, checked (non-empty, at most [`MAX_REDUCED_INPUTS`], in strictly
+/// increasing key order, members only, plausible figures) and named by its digest, once: every
+/// reduced slice of a round counts the same list, so a node checks the list once and each slice
+/// only against its digest ([`open_reduced_checked`]). Built only by [`CheckedInputs::new`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckedInputs {
+    list: Vec<ReducedInput>,
+    digest: Hash32,
+}
+
+impl CheckedInputs {
+    /// Checks `list` for the round of `ctx` and names it.
+    ///
+    /// # Errors
+    /// The first reason the list cannot be a reduced slice's inputs.
+    pub fn new(list: Vec<ReducedInput>, ctx: &SliceContext<'_>) -> Result<Self, SliceError> {
+        if list.is_empty() || list.len() > MAX_REDUCED_INPUTS {
+            return Err(SliceError::Header(format!("counts {} inputs", list.len())));
+        }
+        if !list.windows(2).all(|w| w[0].id.sender < w[1].id.sender) {
+            return Err(SliceError::Header("inputs not in key order".into()));
+        }
+        let members: Option<std::collections::HashSet<&[u8; 32]>> =
+            ctx.allowlist.map(|a| a.iter().collect());
+        for i in &list {
+            if members.as_ref().is_some_and(|m| !m.contains(&i.id.sender)) {
+                return Err(VerifyError::NotAMember(hex::encode(&i.id.sender[..8])).into());
+            }
+            if i.tokens == 0 || i.tokens > ctx.max_tokens || i.expected > MAX_EXPECTED {
+                return Err(SliceError::Header(
+                    "an input's figures are out of range".into(),
+                ));
+            }
+        }
+        let digest = inputs_digest(&list);
+        Ok(CheckedInputs { list, digest })
+    }
+
+    pub fn list(&self) -> &[ReducedInput] {
+        &self.list
+    }
+
+    /// [`inputs_digest`] of the list.
+    pub fn digest(&self) -> Hash32 {
+        self.digest
+    }
+}
+
 /// The most a reduced slice's payload may take for a slice of `values` values.
 pub fn max_reduced_bytes(values: usize) -> usize {
     values * 4 + 1024
@@ -689,6 +737,25 @@ pub fn open_reduced(
     signed: &[SignedEnvelope],
     reducers: &[[u8; 32]],
     inputs: &[ReducedInput],
+    ctx: &SliceContext<'_>,
+) -> Result<(ReducedSlice, Vec<f32>), SliceError> {
+    open_reduced_checked(
+        signed,
+        reducers,
+        &CheckedInputs::new(inputs.to_vec(), ctx)?,
+        ctx,
+    )
+}
+
+/// [`open_reduced`] over inputs already checked and named ([`CheckedInputs`]): the list's own
+/// checks and digest are not repeated for every slice.
+///
+/// # Errors
+/// The first reason the reduced slice is unacceptable.
+pub fn open_reduced_checked(
+    signed: &[SignedEnvelope],
+    reducers: &[[u8; 32]],
+    inputs: &CheckedInputs,
     ctx: &SliceContext<'_>,
 ) -> Result<(ReducedSlice, Vec<f32>), SliceError> {
     let mean_codec = ctx.mean_codec;
@@ -728,29 +795,10 @@ pub fn open_reduced(
             slices: r.slices,
         });
     }
-    if inputs_digest(inputs) != r.inputs || inputs.len() != r.count as usize {
+    if inputs.digest != r.inputs || inputs.list.len() != r.count as usize {
         return Err(SliceError::Header(
             "inputs are not the ones it names".into(),
         ));
-    }
-    if inputs.is_empty() || inputs.len() > MAX_REDUCED_INPUTS {
-        return Err(SliceError::Header(format!(
-            "counts {} inputs",
-            inputs.len()
-        )));
-    }
-    if !inputs.windows(2).all(|w| w[0].id.sender < w[1].id.sender) {
-        return Err(SliceError::Header("inputs not in key order".into()));
-    }
-    for i in inputs {
-        if ctx.allowlist.is_some_and(|a| !a.contains(&i.id.sender)) {
-            return Err(VerifyError::NotAMember(hex::encode(&i.id.sender[..8])).into());
-        }
-        if i.tokens == 0 || i.tokens > ctx.max_tokens || i.expected > MAX_EXPECTED {
-            return Err(SliceError::Header(
-                "an input's figures are out of range".into(),
-            ));
-        }
     }
     if !(r.mean_sq.is_finite() && r.spread.is_finite() && r.mean_sq >= 0.0 && r.spread >= 0.0) {
         return Err(SliceError::Header("statistics out of range".into()));

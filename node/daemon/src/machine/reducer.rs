@@ -16,8 +16,8 @@ use super::sliced::{Slicing, combine, reduce_slice};
 use ed25519_dalek::SigningKey;
 use nightshift_model::outer::{NoiseSums, WeightedDelta};
 use nightshift_protocol::slices::{
-    OpenedSlice, ReducedInput, ReducedSlice, Slice, SliceContext, SliceError, inputs_digest,
-    open_reduced, open_slice_unless_verified, sign_reduced,
+    CheckedInputs, OpenedSlice, ReducedInput, ReducedSlice, Slice, SliceContext, SliceError,
+    inputs_digest, open_reduced_checked, open_slice_unless_verified, sign_reduced,
 };
 use nightshift_protocol::{ContributionId, Hash32, SignedEnvelope, wire};
 use std::collections::BTreeMap;
@@ -247,13 +247,13 @@ impl Combiner {
         &mut self,
         signed: &[SignedEnvelope],
         reducers: &[Key],
-        inputs: &[ReducedInput],
+        inputs: &CheckedInputs,
     ) -> Result<u32, SliceError> {
-        let (r, values) = open_reduced(signed, reducers, inputs, &self.rules.context())?;
+        let (r, values) = open_reduced_checked(signed, reducers, inputs, &self.rules.context())?;
         let i = r.index;
         self.inputs
             .entry(r.inputs)
-            .or_insert_with(|| inputs.to_vec());
+            .or_insert_with(|| inputs.list().to_vec());
         self.slices[i as usize] = Some((r, values));
         Ok(i)
     }

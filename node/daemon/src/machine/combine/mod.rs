@@ -26,7 +26,7 @@ use super::reducer::{Combiner, Reducer, RoundSlices};
 use super::sliced::Slicing;
 use super::*;
 use accept::RoundStep;
-use nightshift_protocol::slices::{ReducedInput, ReducedSlice, Slice, inputs_digest};
+use nightshift_protocol::slices::{CheckedInputs, ReducedInput, ReducedSlice, Slice};
 use nightshift_protocol::wire;
 
 pub use io::Reduced;
@@ -125,9 +125,9 @@ pub(super) struct Combining {
     rules: RoundSlices,
     members: Vec<Key>,
     ids: Vec<ContributionId>,
-    inputs: Vec<ReducedInput>,
-    /// [`inputs_digest`] of the set: reduced slices over another set are of no use.
-    digest: Hash32,
+    /// The set as reduced slices list it, checked and named once (reduced slices over another
+    /// set are of no use); an error when the set itself could not be a reduced slice's inputs.
+    inputs: Result<CheckedInputs, String>,
     combiner: Combiner,
     work: BTreeMap<u32, Work>,
     /// Our own contribution's slices, when it is one of the set.
@@ -194,7 +194,7 @@ impl Combining {
                 expected: a.expected,
             })
             .collect();
-        let digest = inputs_digest(&inputs);
+        let inputs = CheckedInputs::new(inputs, &rules.context()).map_err(|e| e.to_string());
         let own = own
             .filter(|o| {
                 o.first()
@@ -209,7 +209,6 @@ impl Combining {
             members,
             ids,
             inputs,
-            digest,
             work: BTreeMap::new(),
             to_check: BTreeMap::new(),
             replay: !sources.is_empty(),
@@ -460,7 +459,8 @@ impl Combining {
         if j >= self.slices() || self.combiner.has(j) {
             return;
         }
-        if payload.inputs != self.digest {
+        let ours = self.inputs.as_ref().ok().map(CheckedInputs::digest);
+        if Some(payload.inputs) != ours {
             // Averaged over another set than ours: of no use to our step.
             return refuse(
                 out,
@@ -482,10 +482,10 @@ impl Combining {
             }
             return;
         }
-        match self
-            .combiner
-            .offer(&reduced.signed, &[red, chk], &self.inputs)
-        {
+        let Ok(inputs) = &self.inputs else {
+            return;
+        };
+        match self.combiner.offer(&reduced.signed, &[red, chk], inputs) {
             Ok(_) => {
                 self.bytes += first.payload.len() as u64;
                 self.progressed(now);
@@ -555,6 +555,9 @@ impl Combining {
         peers: &[Key],
         out: &mut Vec<Output>,
     ) -> Outcome {
+        if let Err(e) = &self.inputs {
+            return Outcome::Failed(format!("the round's set cannot be reduced: {e}"));
+        }
         let me = key.verifying_key().to_bytes();
         self.ask(now, out);
         // Reduced slices asked for and not answered: asked again of the same source now and
@@ -658,7 +661,9 @@ impl Combining {
         let Some((mine, _)) = w.reducer.reduce(Some(&self.ids)) else {
             return;
         };
-        let inputs = &self.inputs;
+        let Ok(inputs) = &self.inputs else {
+            return;
+        };
         match w.role {
             Role::Reduce => {
                 let env = w.reducer.sign(key, &mine);
@@ -677,7 +682,7 @@ impl Combining {
                 let theirs = wire::decode::<ReducedSlice>(&theirs_env.payload, limit);
                 match theirs
                     .map_err(|e| e.to_string())
-                    .and_then(|t| w.reducer.check(key, &t, inputs))
+                    .and_then(|t| w.reducer.check(key, &t, inputs.list()))
                 {
                     Ok(cosigned) => {
                         w.done = true;
@@ -712,13 +717,13 @@ impl Combining {
                         self.to_check.remove(&j);
                         w.role = Role::Compute;
                         w.done = true;
-                        _ = self.combiner.insert_own(mine, inputs);
+                        _ = self.combiner.insert_own(mine, inputs.list());
                     }
                 }
             }
             Role::Compute => {
                 w.done = true;
-                _ = self.combiner.insert_own(mine, inputs);
+                _ = self.combiner.insert_own(mine, inputs.list());
             }
         }
     }

@@ -99,8 +99,9 @@ fn a_reduce_scatter_round_checked_at_every_hop_takes_the_sliced_step_bit_for_bit
                 second.check(&key(b), &payload, &inputs).unwrap(),
             ];
             let keys = [a, b].map(|k| key(k).verifying_key().to_bytes());
+            let checked = CheckedInputs::new(inputs, &r.context()).unwrap();
             for node in &mut nodes {
-                assert_eq!(node.offer(&signed, &keys, &inputs), Ok(j as u32));
+                assert_eq!(node.offer(&signed, &keys, &checked), Ok(j as u32));
             }
         }
         // Every node takes one step, the one averaging the whole contributions slice by slice
@@ -200,19 +201,21 @@ fn a_lying_reducer_a_missing_input_or_a_lone_signature_is_caught() {
     // once every slice is in.
     let mut node = Combiner::new(r.clone());
     let keys = [0, 1].map(|k| key(k).verifying_key().to_bytes());
+    let checked = CheckedInputs::new(inputs.clone(), &r.context()).unwrap();
     let one = [first.sign(&key(0), &fair)];
-    assert!(node.offer(&one, &keys, &inputs).is_err());
+    assert!(node.offer(&one, &keys, &checked).is_err());
     let forged = [first.sign(&key(0), &fair), first.sign(&key(2), &fair)];
-    assert!(node.offer(&forged, &keys, &inputs).is_err());
+    assert!(node.offer(&forged, &keys, &checked).is_err());
     let good = [
         first.sign(&key(0), &fair),
         second.check(&key(1), &fair, &inputs).unwrap(),
     ];
+    let other = CheckedInputs::new(all.clone(), &r.context()).unwrap();
     assert!(
-        node.offer(&good, &keys, &all).is_err(),
+        node.offer(&good, &keys, &other).is_err(),
         "another input list"
     );
-    assert_eq!(node.offer(&good, &keys, &inputs), Ok(0));
+    assert_eq!(node.offer(&good, &keys, &checked), Ok(0));
     assert!(node.has_inputs(&fair.inputs));
     assert_eq!(node.missing(), vec![1, 2]);
     assert!(node.step(None).is_none());
