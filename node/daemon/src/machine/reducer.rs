@@ -242,7 +242,7 @@ impl Combiner {
     /// it. Returns its index.
     ///
     /// # Errors
-    /// See [`open_reduced`].
+    /// See [`open_reduced_checked`].
     pub fn offer(
         &mut self,
         signed: &[SignedEnvelope],
