@@ -315,16 +315,21 @@ impl RoundMachine {
         if claim.formed_by.is_some() {
             return self.start_listed_replay(now, claim, fork);
         }
+        Some(self.ask_claim_lists(now, claim, fork, false))
+    }
+
+    /// Asks a few of `claim`'s holders for the list it commits to, and waits for it.
+    fn ask_claim_lists(&mut self, now: Millis, claim: Claim, fork: bool, cross: bool) -> Attempt {
         let mut from = claim.holders.clone();
         from.truncate(rules::MAX_HOLDERS_ASKED);
         self.ask_lists(now, from, false);
-        Some(Attempt::Lists {
+        Attempt::Lists {
             claim,
             fork,
-            cross: false,
+            cross,
             asked_at: now,
             until: now + REPLAY_FETCH_MS,
-        })
+        }
     }
 
     /// What we hold, for the rules: our round, hash and count, and whether the swarm's rules
@@ -352,16 +357,7 @@ impl RoundMachine {
         if claim.formed_by.is_some() {
             return self.start_listed_cross(now, claim);
         }
-        let mut from = claim.holders.clone();
-        from.truncate(rules::MAX_HOLDERS_ASKED);
-        self.ask_lists(now, from, false);
-        Some(Attempt::Lists {
-            claim,
-            fork: true,
-            cross: true,
-            asked_at: now,
-            until: now + REPLAY_FETCH_MS,
-        })
+        Some(self.ask_claim_lists(now, claim, true, true))
     }
 
     /// A cross candidate whose list is known: the attested state is downloaded, unless a
